@@ -1,0 +1,366 @@
+// The typed msgpack decoder: one set of templates that decodes every message by walking its
+// fields() list, with msgspec's acceptance rules and error texts (protocol reference §1.4, §1.5).
+// JSON input arrives here too, transcoded to msgpack first (json_transcoder.hpp), with
+// from_json set so that nil is named `null` and int-keyed maps take numeric string keys.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "kvnode/wire/messages.hpp"
+#include "msgpack_reader.hpp"
+#include "utf8.hpp"
+
+namespace kvnode::wire::detail {
+
+// Containers may nest this deep (msgspec stops at Python's recursion limit, about 1000).
+inline constexpr int kMaxDepth = 1000;
+
+// A decode path, linked through the call stack and formatted only when an error is reported.
+struct PathNode {
+  enum class Kind : std::uint8_t { kRoot, kField, kIndex, kDictValue };
+  const PathNode* parent = nullptr;
+  Kind kind = Kind::kRoot;
+  std::string_view field;
+  std::size_t index = 0;
+};
+
+std::string format_path(const PathNode& node);  // "$.operations[1].key"
+
+class DecodeContext {
+ public:
+  DecodeContext(std::string_view data, bool from_json) : reader(data), from_json(from_json) {}
+
+  MsgpackReader reader;
+  std::string error;
+  int depth = 0;
+  const bool from_json;
+
+  bool next(Item& it) { return reader.next(it) || fail_plain(reader.error()); }
+  bool enter() {
+    return ++depth <= kMaxDepth ||
+           fail_plain("maximum recursion depth exceeded while deserializing an object");
+  }
+  void leave() { --depth; }
+
+  // Errors: the problem, then " - at `path`" unless the path is the root.
+  [[gnu::cold]] bool fail(std::string_view problem, const PathNode& at);
+  [[gnu::cold]] bool fail_key(std::string_view problem, const PathNode& map_at);
+  [[gnu::cold]] bool fail_plain(std::string_view problem);
+  [[gnu::cold]] bool expected(std::string_view want, const Item& got, const PathNode& at);
+  [[gnu::cold]] bool expected_key(std::string_view want, const Item& got, const PathNode& map_at);
+};
+
+bool skip_value(DecodeContext& ctx);
+bool decode_any(DecodeContext& ctx, const Item& it, AnyValue& out);
+
+
+// ---- Type traits: what msgpack kinds a C++ type accepts, and its name in errors ----
+
+template <class T> struct IsVector : std::false_type {};
+template <class T> struct IsVector<std::vector<T>> : std::true_type {};
+template <class T> struct IsOptional : std::false_type {};
+template <class T> struct IsOptional<std::optional<T>> : std::true_type {};
+template <class T> struct IsDict : std::false_type {};
+template <class K, class V> struct IsDict<Dict<K, V>> : std::true_type {};
+template <class T> struct IsVariant : std::false_type {};
+template <class... T> struct IsVariant<std::variant<T...>> : std::true_type {};
+
+template <class T>
+concept TupleStruct = requires { T::kTuple; };
+template <class T>
+concept MapStruct = requires { T::fields(); } && !TupleStruct<T>;
+template <class T>
+concept TaggedStruct = MapStruct<T> && requires { T::kTagKey; };
+
+template <class T>
+constexpr std::string_view type_name() {
+  if constexpr (std::is_same_v<T, std::int64_t> || std::is_same_v<T, WideInt>) return "int";
+  else if constexpr (std::is_same_v<T, double>) return "float";
+  else if constexpr (std::is_same_v<T, bool>) return "bool";
+  else if constexpr (std::is_same_v<T, std::string> || std::is_same_v<T, OpType>) return "str";
+  else if constexpr (IsVector<T>::value || TupleStruct<T>) return "array";
+  else return "object";
+}
+
+template <class T>
+constexpr bool accepts(Kind k) {
+  if constexpr (std::is_same_v<T, std::int64_t> || std::is_same_v<T, WideInt>) return k == Kind::kInt;
+  else if constexpr (std::is_same_v<T, double>) return k == Kind::kFloat || k == Kind::kInt;
+  else if constexpr (std::is_same_v<T, bool>) return k == Kind::kBool;
+  else if constexpr (std::is_same_v<T, std::string> || std::is_same_v<T, OpType>) return k == Kind::kStr;
+  else if constexpr (IsVector<T>::value || TupleStruct<T>) return k == Kind::kArray;
+  else return k == Kind::kMap;
+}
+
+template <class T> bool decode_item(DecodeContext&, const Item&, T&, const PathNode&);
+template <class V> bool decode_union_body(DecodeContext&, std::uint32_t, V&, const PathNode&);
+
+template <class T>
+bool decode_value(DecodeContext& ctx, T& out, const PathNode& at) {
+  Item it;
+  return ctx.next(it) && decode_item(ctx, it, out, at);
+}
+
+// ---- Scalars ----
+
+inline bool decode_scalar(DecodeContext& ctx, const Item& it, std::int64_t& out, const PathNode& at) {
+  const auto v = it.integer.as_int64();
+  if (!v) return ctx.fail("Expected `int` <= 9223372036854775807", at);
+  out = *v;
+  return true;
+}
+inline bool decode_scalar(DecodeContext&, const Item& it, WideInt& out, const PathNode&) {
+  out = it.integer;
+  return true;
+}
+inline bool decode_scalar(DecodeContext&, const Item& it, double& out, const PathNode&) {
+  if (it.kind == Kind::kFloat) out = it.real;
+  else if (it.integer.negative()) out = static_cast<double>(static_cast<std::int64_t>(it.integer.bits()));
+  else out = static_cast<double>(it.integer.bits());
+  return true;
+}
+inline bool decode_scalar(DecodeContext&, const Item& it, bool& out, const PathNode&) {
+  out = it.boolean;
+  return true;
+}
+inline bool decode_scalar(DecodeContext& ctx, const Item& it, std::string& out, const PathNode&) {
+  if (auto bad = utf8_error(it.bytes)) return ctx.fail_plain(*bad);
+  out.assign(it.bytes);
+  return true;
+}
+inline bool decode_scalar(DecodeContext& ctx, const Item& it, OpType& out, const PathNode& at) {
+  if (it.bytes == "admit") out = OpType::kAdmit;
+  else if (it.bytes == "evict") out = OpType::kEvict;
+  else return ctx.fail("Invalid enum value '" + std::string(it.bytes) + "'", at);
+  return true;
+}
+
+// ---- Structs: a map of fields (tagged or not) or a fixed-length array ----
+
+template <class S>
+bool decode_struct_body(DecodeContext& ctx, std::uint32_t entries, S& out, const PathNode& at) {
+  if (!ctx.enter()) return false;
+  constexpr auto fields = S::fields();
+  std::uint64_t seen = 0;
+  for (std::uint32_t e = 0; e < entries; ++e) {
+    Item key;
+    if (!ctx.next(key)) return false;
+    if (key.kind != Kind::kStr) return ctx.expected_key("str", key, at);
+    if constexpr (TaggedStruct<S>) {
+      if (key.bytes == S::kTagKey) {  // a repeated tag must name this same type
+        const PathNode tag_at{&at, PathNode::Kind::kField, S::kTagKey};
+        Item tag;
+        if (!ctx.next(tag)) return false;
+        if (tag.kind != Kind::kStr) return ctx.expected("str", tag, tag_at);
+        if (tag.bytes != S::kTag) return ctx.fail("Invalid value '" + std::string(tag.bytes) + "'", tag_at);
+        continue;
+      }
+    }
+    bool matched = false, ok = true;
+    std::size_t bit = 0;
+    std::apply(
+        [&](const auto&... f) {
+          ((matched || (f.name == key.bytes
+                            ? (matched = true, seen |= 1ull << bit,
+                               ok = decode_value(ctx, out.*(f.member),
+                                                 PathNode{&at, PathNode::Kind::kField, f.name}))
+                            : (++bit, false))),
+           ...);
+        },
+        fields);
+    if (!ok) return false;
+    if (!matched && !skip_value(ctx)) return false;
+  }
+  ctx.leave();
+  std::size_t bit = 0;
+  bool ok = true;
+  std::apply(
+      [&](const auto&... f) {
+        ((ok = ok && ((seen >> bit++) & 1 || f.presence == Presence::kDefaulted ||
+                      ctx.fail("Object missing required field `" + std::string(f.name) + "`", at))),
+         ...);
+      },
+      fields);
+  return ok;
+}
+
+template <class S>
+bool decode_tuple_body(DecodeContext& ctx, std::uint32_t count, S& out, const PathNode& at) {
+  constexpr auto fields = S::fields();
+  constexpr std::size_t n = std::tuple_size_v<decltype(fields)>;
+  if (count != n) {
+    return ctx.fail("Expected `array` of length " + std::to_string(n) + ", got " + std::to_string(count), at);
+  }
+  if (!ctx.enter()) return false;
+  std::size_t i = 0;
+  bool ok = std::apply(
+      [&](const auto&... f) {
+        return (decode_value(ctx, out.*(f.member), PathNode{&at, PathNode::Kind::kIndex, {}, i++}) && ...);
+      },
+      fields);
+  if (ok) ctx.leave();
+  return ok;
+}
+
+// ---- Containers ----
+
+template <class T>
+bool decode_vector(DecodeContext& ctx, std::uint32_t count, std::vector<T>& out, const PathNode& at) {
+  if (!ctx.enter()) return false;
+  out.clear();
+  // Every element takes at least one byte: never reserve beyond what the input can hold.
+  out.reserve(std::min<std::size_t>(count, ctx.reader.remaining()));
+  for (std::uint32_t i = 0; i < count; ++i) {
+    if (!decode_value(ctx, out.emplace_back(), PathNode{&at, PathNode::Kind::kIndex, {}, i})) return false;
+  }
+  ctx.leave();
+  return true;
+}
+
+inline bool decode_dict_key(DecodeContext& ctx, const Item& it, std::string& out, const PathNode& map_at) {
+  if (it.kind != Kind::kStr) return ctx.expected_key("str", it, map_at);
+  if (auto bad = utf8_error(it.bytes)) return ctx.fail_plain(*bad);
+  out.assign(it.bytes);
+  return true;
+}
+inline bool decode_dict_key(DecodeContext& ctx, const Item& it, std::int64_t& out, const PathNode& map_at) {
+  if (it.kind == Kind::kStr && ctx.from_json) {  // JSON object keys are strings: "0" -> 0
+    const char* end = it.bytes.data() + it.bytes.size();
+    auto [p, ec] = std::from_chars(it.bytes.data(), end, out);
+    if (ec == std::errc() && p == end && !it.bytes.empty()) return true;
+    return ctx.expected_key("int", it, map_at);
+  }
+  if (it.kind != Kind::kInt) return ctx.expected_key("int", it, map_at);
+  const auto v = it.integer.as_int64();
+  if (!v) return ctx.fail_key("Expected `int` <= 9223372036854775807", map_at);
+  out = *v;
+  return true;
+}
+
+template <class K, class V>
+bool decode_dict(DecodeContext& ctx, std::uint32_t count, Dict<K, V>& out, const PathNode& at) {
+  if (!ctx.enter()) return false;
+  out.items.clear();
+  out.items.reserve(std::min<std::size_t>(count, ctx.reader.remaining() / 2));
+  std::unordered_map<K, std::size_t> index;  // duplicate keys replace in place; only for big maps
+  const bool use_index = count > 16;
+  for (std::uint32_t i = 0; i < count; ++i) {
+    Item key_item;
+    K key{};
+    V value{};
+    if (!ctx.next(key_item) || !decode_dict_key(ctx, key_item, key, at) ||
+        !decode_value(ctx, value, PathNode{&at, PathNode::Kind::kDictValue, {}, 0})) {
+      return false;
+    }
+    if (!use_index) {
+      out.set(std::move(key), std::move(value));
+    } else if (auto [pos, fresh] = index.try_emplace(key, out.items.size()); fresh) {
+      out.items.emplace_back(std::move(key), std::move(value));
+    } else {
+      out.items[pos->second].second = std::move(value);
+    }
+  }
+  ctx.leave();
+  return true;
+}
+
+// ---- The dispatcher ----
+
+template <class T>
+bool decode_item(DecodeContext& ctx, const Item& it, T& out, const PathNode& at) {
+  if constexpr (IsOptional<T>::value) {
+    using Inner = typename T::value_type;
+    if (it.kind == Kind::kNil) {
+      out.reset();
+      return true;
+    }
+    if constexpr (!std::is_same_v<Inner, AnyValue>) {
+      if (!accepts<Inner>(it.kind)) {
+        return ctx.expected(std::string(type_name<Inner>()) + " | null", it, at);
+      }
+    }
+    return decode_item(ctx, it, out.emplace(), at);
+  } else if constexpr (std::is_same_v<T, AnyValue>) {
+    return decode_any(ctx, it, out);
+  } else if constexpr (IsVariant<T>::value) {
+    if (it.kind != Kind::kMap) return ctx.expected("object", it, at);
+    return decode_union_body(ctx, it.count, out, at);
+  } else {
+    if (!accepts<T>(it.kind)) return ctx.expected(type_name<T>(), it, at);
+    if constexpr (IsVector<T>::value) return decode_vector(ctx, it.count, out, at);
+    else if constexpr (IsDict<T>::value) return decode_dict(ctx, it.count, out, at);
+    else if constexpr (TupleStruct<T>) return decode_tuple_body(ctx, it.count, out, at);
+    else if constexpr (MapStruct<T>) return decode_struct_body(ctx, it.count, out, at);
+    else return decode_scalar(ctx, it, out, at);
+  }
+}
+
+// ---- Tagged unions: find the tag anywhere in the map, then decode that type ----
+
+template <class V>
+struct TagTable {
+  static constexpr std::size_t kSize = std::variant_size_v<V>;
+  static constexpr std::string_view kTagKey = std::variant_alternative_t<0, V>::kTagKey;
+  using Entry = std::pair<std::string_view, std::size_t>;
+
+  static constexpr std::array<Entry, kSize> sorted() {
+    std::array<Entry, kSize> a{};
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((a[I] = Entry{std::variant_alternative_t<I, V>::kTag, I}), ...);
+    }(std::make_index_sequence<kSize>{});
+    std::sort(a.begin(), a.end());
+    return a;
+  }
+  static constexpr std::array<Entry, kSize> kSorted = sorted();
+
+  static std::optional<std::size_t> find(std::string_view tag) {
+    auto it = std::lower_bound(kSorted.begin(), kSorted.end(), tag,
+                               [](const Entry& e, std::string_view t) { return e.first < t; });
+    if (it == kSorted.end() || it->first != tag) return std::nullopt;
+    return it->second;
+  }
+
+  using Fn = bool (*)(DecodeContext&, std::uint32_t, V&, const PathNode&);
+  static constexpr std::array<Fn, kSize> kDecoders = []<std::size_t... I>(std::index_sequence<I...>) {
+    return std::array<Fn, kSize>{+[](DecodeContext& ctx, std::uint32_t n, V& out, const PathNode& at) {
+      return decode_struct_body(ctx, n, out.template emplace<I>(), at);
+    }...};
+  }(std::make_index_sequence<kSize>{});
+};
+
+template <class V>
+bool decode_union_body(DecodeContext& ctx, std::uint32_t entries, V& out, const PathNode& at) {
+  using Table = TagTable<V>;
+  const std::size_t start = ctx.reader.offset();
+  const PathNode tag_at{&at, PathNode::Kind::kField, Table::kTagKey};
+  std::optional<std::size_t> index;
+  for (std::uint32_t e = 0; e < entries && !index; ++e) {
+    Item key;
+    if (!ctx.next(key)) return false;
+    if (key.kind != Kind::kStr) return ctx.expected_key("str", key, at);
+    if (key.bytes != Table::kTagKey) {
+      if (!skip_value(ctx)) return false;
+      continue;
+    }
+    Item tag;
+    if (!ctx.next(tag)) return false;
+    if (tag.kind != Kind::kStr) return ctx.expected("str", tag, tag_at);
+    index = Table::find(tag.bytes);
+    if (!index) return ctx.fail("Invalid value '" + std::string(tag.bytes) + "'", tag_at);
+  }
+  if (!index) return ctx.fail("Object missing required field `" + std::string(Table::kTagKey) + "`", at);
+  ctx.reader.seek(start);
+  return Table::kDecoders[*index](ctx, entries, out, at);
+}
+
+}  // namespace kvnode::wire::detail
