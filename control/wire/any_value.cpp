@@ -4,7 +4,9 @@
 
 namespace kvnode::wire {
 
-bool operator==(const AnyValue& a, const AnyValue& b) { return a.value == b.value; }
+bool operator==(const AnyValue& a, const AnyValue& b) {
+  return a.value == b.value;
+}
 
 namespace detail {
 

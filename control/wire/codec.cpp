@@ -36,8 +36,14 @@ Result<T> decode_payload(std::string_view payload) {
 
 }  // namespace
 
-Result<Msg> decode(std::string_view payload) { return decode_payload<Msg>(payload); }
-Result<KVOpEvent> decode_kv_op_event(std::string_view payload) { return decode_payload<KVOpEvent>(payload); }
-Result<AnyCommand> decode_command(std::string_view payload) { return decode_payload<AnyCommand>(payload); }
+Result<Msg> decode(std::string_view payload) {
+  return decode_payload<Msg>(payload);
+}
+Result<KVOpEvent> decode_kv_op_event(std::string_view payload) {
+  return decode_payload<KVOpEvent>(payload);
+}
+Result<AnyCommand> decode_command(std::string_view payload) {
+  return decode_payload<AnyCommand>(payload);
+}
 
 }  // namespace kvnode::wire

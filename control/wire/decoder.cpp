@@ -10,10 +10,17 @@ std::string format_path(const PathNode& node) {
   std::string out = "$";
   for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
     switch ((*it)->kind) {
-      case PathNode::Kind::kRoot: break;
-      case PathNode::Kind::kField: out.append(".").append((*it)->field); break;
-      case PathNode::Kind::kIndex: out.append("[").append(std::to_string((*it)->index)).append("]"); break;
-      case PathNode::Kind::kDictValue: out.append("[...]"); break;
+      case PathNode::Kind::kRoot:
+        break;
+      case PathNode::Kind::kField:
+        out.append(".").append((*it)->field);
+        break;
+      case PathNode::Kind::kIndex:
+        out.append("[").append(std::to_string((*it)->index)).append("]");
+        break;
+      case PathNode::Kind::kDictValue:
+        out.append("[...]");
+        break;
     }
   }
   return out;
@@ -36,11 +43,14 @@ bool DecodeContext::fail_plain(std::string_view problem) {
 }
 
 bool DecodeContext::expected(std::string_view want, const Item& got, const PathNode& at) {
-  return fail("Expected `" + std::string(want) + "`, got `" + std::string(kind_name(got.kind, from_json)) + "`", at);
+  return fail("Expected `" + std::string(want) + "`, got `" +
+                  std::string(kind_name(got.kind, from_json)) + "`",
+              at);
 }
 
 bool DecodeContext::expected_key(std::string_view want, const Item& got, const PathNode& map_at) {
-  return fail_key("Expected `" + std::string(want) + "`, got `" + std::string(kind_name(got.kind, from_json)) + "`",
+  return fail_key("Expected `" + std::string(want) + "`, got `" +
+                      std::string(kind_name(got.kind, from_json)) + "`",
                   map_at);
 }
 
@@ -65,11 +75,16 @@ std::string key_identity(const AnyValue& v) {
   std::visit(
       [&](const auto& x) {
         using T = std::decay_t<decltype(x)>;
-        if constexpr (std::is_same_v<T, bool>) id += x ? '1' : '0';
-        else if constexpr (std::is_same_v<T, WideInt>) id += x.to_string();
-        else if constexpr (std::is_same_v<T, double>) id.append(reinterpret_cast<const char*>(&x), sizeof x);
-        else if constexpr (std::is_same_v<T, std::string>) id += x;
-        else if constexpr (std::is_same_v<T, AnyValue::Bytes>) id += x.data;
+        if constexpr (std::is_same_v<T, bool>)
+          id += x ? '1' : '0';
+        else if constexpr (std::is_same_v<T, WideInt>)
+          id += x.to_string();
+        else if constexpr (std::is_same_v<T, double>)
+          id.append(reinterpret_cast<const char*>(&x), sizeof x);
+        else if constexpr (std::is_same_v<T, std::string>)
+          id += x;
+        else if constexpr (std::is_same_v<T, AnyValue::Bytes>)
+          id += x.data;
       },
       v.value);
   return id;
@@ -84,9 +99,11 @@ bool decode_any_map(DecodeContext& ctx, std::uint32_t count, AnyValue::Map& map)
     AnyValue key, value;
     if (!ctx.next(key_item)) return false;
     if (key_item.kind == Kind::kArray || key_item.kind == Kind::kMap) {  // as Python dicts refuse
-      return ctx.fail_plain(key_item.kind == Kind::kArray ? "unhashable type: 'list'" : "unhashable type: 'dict'");
+      return ctx.fail_plain(key_item.kind == Kind::kArray ? "unhashable type: 'list'"
+                                                          : "unhashable type: 'dict'");
     }
-    if (!decode_any(ctx, key_item, key) || !ctx.next(value_item) || !decode_any(ctx, value_item, value)) {
+    if (!decode_any(ctx, key_item, key) || !ctx.next(value_item) ||
+        !decode_any(ctx, value_item, value)) {
       return false;
     }
     std::size_t slot = map.size();
@@ -96,8 +113,10 @@ bool decode_any_map(DecodeContext& ctx, std::uint32_t count, AnyValue::Map& map)
       for (std::size_t j = 0; j < map.size(); ++j)
         if (map[j].first == key) slot = j;
     }
-    if (slot == map.size()) map.emplace_back(std::move(key), std::move(value));
-    else map[slot].second = std::move(value);
+    if (slot == map.size())
+      map.emplace_back(std::move(key), std::move(value));
+    else
+      map[slot].second = std::move(value);
   }
   return true;
 }
@@ -106,16 +125,27 @@ bool decode_any_map(DecodeContext& ctx, std::uint32_t count, AnyValue::Map& map)
 
 bool decode_any(DecodeContext& ctx, const Item& it, AnyValue& out) {
   switch (it.kind) {
-    case Kind::kNil: out.value = std::monostate{}; return true;
-    case Kind::kBool: out.value = it.boolean; return true;
-    case Kind::kInt: out.value = it.integer; return true;
-    case Kind::kFloat: out.value = it.real; return true;
+    case Kind::kNil:
+      out.value = std::monostate{};
+      return true;
+    case Kind::kBool:
+      out.value = it.boolean;
+      return true;
+    case Kind::kInt:
+      out.value = it.integer;
+      return true;
+    case Kind::kFloat:
+      out.value = it.real;
+      return true;
     case Kind::kStr:
       if (auto bad = utf8_error(it.bytes)) return ctx.fail_plain(*bad);
       out.value = std::string(it.bytes);
       return true;
-    case Kind::kBin: out.value = AnyValue::Bytes{std::string(it.bytes)}; return true;
-    case Kind::kExt: return ctx.fail_plain("MessagePack extension types are not supported");
+    case Kind::kBin:
+      out.value = AnyValue::Bytes{std::string(it.bytes)};
+      return true;
+    case Kind::kExt:
+      return ctx.fail_plain("MessagePack extension types are not supported");
     case Kind::kArray: {
       if (!ctx.enter()) return false;
       auto& arr = out.value.emplace<AnyValue::Array>();
@@ -128,7 +158,8 @@ bool decode_any(DecodeContext& ctx, const Item& it, AnyValue& out) {
       return true;
     }
     case Kind::kMap: {
-      if (!ctx.enter() || !decode_any_map(ctx, it.count, out.value.emplace<AnyValue::Map>())) return false;
+      if (!ctx.enter() || !decode_any_map(ctx, it.count, out.value.emplace<AnyValue::Map>()))
+        return false;
       ctx.leave();
       return true;
     }

@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <charconv>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -63,47 +65,75 @@ class DecodeContext {
 bool skip_value(DecodeContext& ctx);
 bool decode_any(DecodeContext& ctx, const Item& it, AnyValue& out);
 
-
 // ---- Type traits: what msgpack kinds a C++ type accepts, and its name in errors ----
 
-template <class T> struct IsVector : std::false_type {};
-template <class T> struct IsVector<std::vector<T>> : std::true_type {};
-template <class T> struct IsOptional : std::false_type {};
-template <class T> struct IsOptional<std::optional<T>> : std::true_type {};
-template <class T> struct IsDict : std::false_type {};
-template <class K, class V> struct IsDict<Dict<K, V>> : std::true_type {};
-template <class T> struct IsVariant : std::false_type {};
-template <class... T> struct IsVariant<std::variant<T...>> : std::true_type {};
+template <class T>
+struct IsVector : std::false_type {};
+template <class T>
+struct IsVector<std::vector<T>> : std::true_type {};
+template <class T>
+struct IsOptional : std::false_type {};
+template <class T>
+struct IsOptional<std::optional<T>> : std::true_type {};
+template <class T>
+struct IsDict : std::false_type {};
+template <class K, class V>
+struct IsDict<Dict<K, V>> : std::true_type {};
+template <class T>
+struct IsVariant : std::false_type {};
+template <class... T>
+struct IsVariant<std::variant<T...>> : std::true_type {};
 
 template <class T>
-concept TupleStruct = requires { T::kTuple; };
+concept TupleStruct = requires {
+  T::kTuple;
+};
 template <class T>
-concept MapStruct = requires { T::fields(); } && !TupleStruct<T>;
+concept MapStruct = requires {
+  T::fields();
+}
+&&!TupleStruct<T>;
 template <class T>
-concept TaggedStruct = MapStruct<T> && requires { T::kTagKey; };
+concept TaggedStruct = MapStruct<T> && requires {
+  T::kTagKey;
+};
 
 template <class T>
 constexpr std::string_view type_name() {
-  if constexpr (std::is_same_v<T, std::int64_t> || std::is_same_v<T, WideInt>) return "int";
-  else if constexpr (std::is_same_v<T, double>) return "float";
-  else if constexpr (std::is_same_v<T, bool>) return "bool";
-  else if constexpr (std::is_same_v<T, std::string> || std::is_same_v<T, OpType>) return "str";
-  else if constexpr (IsVector<T>::value || TupleStruct<T>) return "array";
-  else return "object";
+  if constexpr (std::is_same_v<T, std::int64_t> || std::is_same_v<T, WideInt>)
+    return "int";
+  else if constexpr (std::is_same_v<T, double>)
+    return "float";
+  else if constexpr (std::is_same_v<T, bool>)
+    return "bool";
+  else if constexpr (std::is_same_v<T, std::string> || std::is_same_v<T, OpType>)
+    return "str";
+  else if constexpr (IsVector<T>::value || TupleStruct<T>)
+    return "array";
+  else
+    return "object";
 }
 
 template <class T>
 constexpr bool accepts(Kind k) {
-  if constexpr (std::is_same_v<T, std::int64_t> || std::is_same_v<T, WideInt>) return k == Kind::kInt;
-  else if constexpr (std::is_same_v<T, double>) return k == Kind::kFloat || k == Kind::kInt;
-  else if constexpr (std::is_same_v<T, bool>) return k == Kind::kBool;
-  else if constexpr (std::is_same_v<T, std::string> || std::is_same_v<T, OpType>) return k == Kind::kStr;
-  else if constexpr (IsVector<T>::value || TupleStruct<T>) return k == Kind::kArray;
-  else return k == Kind::kMap;
+  if constexpr (std::is_same_v<T, std::int64_t> || std::is_same_v<T, WideInt>)
+    return k == Kind::kInt;
+  else if constexpr (std::is_same_v<T, double>)
+    return k == Kind::kFloat || k == Kind::kInt;
+  else if constexpr (std::is_same_v<T, bool>)
+    return k == Kind::kBool;
+  else if constexpr (std::is_same_v<T, std::string> || std::is_same_v<T, OpType>)
+    return k == Kind::kStr;
+  else if constexpr (IsVector<T>::value || TupleStruct<T>)
+    return k == Kind::kArray;
+  else
+    return k == Kind::kMap;
 }
 
-template <class T> bool decode_item(DecodeContext&, const Item&, T&, const PathNode&);
-template <class V> bool decode_union_body(DecodeContext&, std::uint32_t, V&, const PathNode&);
+template <class T>
+bool decode_item(DecodeContext&, const Item&, T&, const PathNode&);
+template <class V>
+bool decode_union_body(DecodeContext&, std::uint32_t, V&, const PathNode&);
 
 template <class T>
 bool decode_value(DecodeContext& ctx, T& out, const PathNode& at) {
@@ -113,7 +143,34 @@ bool decode_value(DecodeContext& ctx, T& out, const PathNode& at) {
 
 // ---- Scalars ----
 
-inline bool decode_scalar(DecodeContext& ctx, const Item& it, std::int64_t& out, const PathNode& at) {
+// Equality of short strings without a memcmp call: field names are 2..20 bytes.
+[[gnu::always_inline]] inline bool same_name(std::string_view a, std::string_view b) {
+  const std::size_t n = a.size();
+  if (n != b.size()) return false;
+  auto load8 = [](const char* p) {
+    std::uint64_t v;
+    std::memcpy(&v, p, 8);
+    return v;
+  };
+  auto load4 = [](const char* p) {
+    std::uint32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+  };
+  if (n >= 8) {
+    if (load8(a.data()) != load8(b.data()) || load8(a.data() + n - 8) != load8(b.data() + n - 8))
+      return false;
+    return n <= 16 || std::memcmp(a.data() + 8, b.data() + 8, n - 16) == 0;
+  }
+  if (n >= 4)
+    return load4(a.data()) == load4(b.data()) && load4(a.data() + n - 4) == load4(b.data() + n - 4);
+  for (std::size_t i = 0; i < n; ++i)
+    if (a[i] != b[i]) return false;
+  return true;
+}
+
+inline bool decode_scalar(DecodeContext& ctx, const Item& it, std::int64_t& out,
+                          const PathNode& at) {
   const auto v = it.integer.as_int64();
   if (!v) return ctx.fail("Expected `int` <= 9223372036854775807", at);
   out = *v;
@@ -124,9 +181,12 @@ inline bool decode_scalar(DecodeContext&, const Item& it, WideInt& out, const Pa
   return true;
 }
 inline bool decode_scalar(DecodeContext&, const Item& it, double& out, const PathNode&) {
-  if (it.kind == Kind::kFloat) out = it.real;
-  else if (it.integer.negative()) out = static_cast<double>(static_cast<std::int64_t>(it.integer.bits()));
-  else out = static_cast<double>(it.integer.bits());
+  if (it.kind == Kind::kFloat)
+    out = it.real;
+  else if (it.integer.negative())
+    out = static_cast<double>(static_cast<std::int64_t>(it.integer.bits()));
+  else
+    out = static_cast<double>(it.integer.bits());
   return true;
 }
 inline bool decode_scalar(DecodeContext&, const Item& it, bool& out, const PathNode&) {
@@ -139,59 +199,95 @@ inline bool decode_scalar(DecodeContext& ctx, const Item& it, std::string& out, 
   return true;
 }
 inline bool decode_scalar(DecodeContext& ctx, const Item& it, OpType& out, const PathNode& at) {
-  if (it.bytes == "admit") out = OpType::kAdmit;
-  else if (it.bytes == "evict") out = OpType::kEvict;
-  else return ctx.fail("Invalid enum value '" + std::string(it.bytes) + "'", at);
+  if (same_name(it.bytes, "admit"))
+    out = OpType::kAdmit;
+  else if (same_name(it.bytes, "evict"))
+    out = OpType::kEvict;
+  else
+    return ctx.fail("Invalid enum value '" + std::string(it.bytes) + "'", at);
   return true;
 }
 
 // ---- Structs: a map of fields (tagged or not) or a fixed-length array ----
 
+// Bit i set when field i must be present.
+template <class S>
+inline constexpr std::uint64_t kRequiredMask = std::apply(
+    [](const auto&... f) {
+      std::uint64_t mask = 0, bit = 1;
+      ((mask |= f.presence == Presence::kRequired ? bit : 0, bit <<= 1), ...);
+      return mask;
+    },
+    S::fields());
+
+template <class S>
+inline constexpr auto kFieldNames = std::apply(
+    [](const auto&... f) { return std::array<std::string_view, sizeof...(f)>{f.name...}; },
+    S::fields());
+
+// Index of `key` among S's fields (N when unknown). Encoders write fields in declaration order,
+// so the field after the last one matched is tried first.
+template <class S>
+std::size_t find_field(std::string_view key, std::size_t hint) {
+  constexpr auto& names = kFieldNames<S>;
+  if (hint < names.size() && same_name(key, names[hint])) return hint;
+  for (std::size_t i = 0; i < names.size(); ++i)
+    if (same_name(key, names[i])) return i;
+  return names.size();
+}
+
+// Decodes field number `index` (known only at run time) of S.
+template <class S, std::size_t... I>
+bool decode_field(DecodeContext& ctx, S& out, std::size_t index, const PathNode& at,
+                  std::index_sequence<I...>) {
+  constexpr auto fields = S::fields();
+  bool ok = false;
+  (void)((index == I &&
+          (ok = decode_value(ctx, out.*(std::get<I>(fields).member),
+                             PathNode{&at, PathNode::Kind::kField, std::get<I>(fields).name, 0}),
+           true)) ||
+         ...);
+  return ok;
+}
+
 template <class S>
 bool decode_struct_body(DecodeContext& ctx, std::uint32_t entries, S& out, const PathNode& at) {
   if (!ctx.enter()) return false;
-  constexpr auto fields = S::fields();
+  constexpr std::size_t n = kFieldNames<S>.size();
+  static_assert(n <= 64);
   std::uint64_t seen = 0;
+  std::size_t hint = 0;
   for (std::uint32_t e = 0; e < entries; ++e) {
     Item key;
     if (!ctx.next(key)) return false;
     if (key.kind != Kind::kStr) return ctx.expected_key("str", key, at);
     if constexpr (TaggedStruct<S>) {
-      if (key.bytes == S::kTagKey) {  // a repeated tag must name this same type
-        const PathNode tag_at{&at, PathNode::Kind::kField, S::kTagKey};
+      if (same_name(key.bytes, S::kTagKey)) {  // a repeated tag must name this same type
+        const PathNode tag_at{&at, PathNode::Kind::kField, S::kTagKey, 0};
         Item tag;
         if (!ctx.next(tag)) return false;
         if (tag.kind != Kind::kStr) return ctx.expected("str", tag, tag_at);
-        if (tag.bytes != S::kTag) return ctx.fail("Invalid value '" + std::string(tag.bytes) + "'", tag_at);
+        if (tag.bytes != S::kTag)
+          return ctx.fail("Invalid value '" + std::string(tag.bytes) + "'", tag_at);
         continue;
       }
     }
-    bool matched = false, ok = true;
-    std::size_t bit = 0;
-    std::apply(
-        [&](const auto&... f) {
-          ((matched || (f.name == key.bytes
-                            ? (matched = true, seen |= 1ull << bit,
-                               ok = decode_value(ctx, out.*(f.member),
-                                                 PathNode{&at, PathNode::Kind::kField, f.name}))
-                            : (++bit, false))),
-           ...);
-        },
-        fields);
-    if (!ok) return false;
-    if (!matched && !skip_value(ctx)) return false;
+    const std::size_t index = find_field<S>(key.bytes, hint);
+    if (index == n) {
+      if (!skip_value(ctx)) return false;
+      continue;
+    }
+    if (!decode_field(ctx, out, index, at, std::make_index_sequence<n>{})) return false;
+    seen |= 1ull << index;
+    hint = index + 1;
   }
   ctx.leave();
-  std::size_t bit = 0;
-  bool ok = true;
-  std::apply(
-      [&](const auto&... f) {
-        ((ok = ok && ((seen >> bit++) & 1 || f.presence == Presence::kDefaulted ||
-                      ctx.fail("Object missing required field `" + std::string(f.name) + "`", at))),
-         ...);
-      },
-      fields);
-  return ok;
+  if ((seen & kRequiredMask<S>) == kRequiredMask<S>) [[likely]]
+    return true;
+  const auto missing =
+      static_cast<std::size_t>(std::countr_zero(kRequiredMask<S> & ~seen));  // first in order
+  return ctx.fail("Object missing required field `" + std::string(kFieldNames<S>[missing]) + "`",
+                  at);
 }
 
 template <class S>
@@ -199,13 +295,16 @@ bool decode_tuple_body(DecodeContext& ctx, std::uint32_t count, S& out, const Pa
   constexpr auto fields = S::fields();
   constexpr std::size_t n = std::tuple_size_v<decltype(fields)>;
   if (count != n) {
-    return ctx.fail("Expected `array` of length " + std::to_string(n) + ", got " + std::to_string(count), at);
+    return ctx.fail(
+        "Expected `array` of length " + std::to_string(n) + ", got " + std::to_string(count), at);
   }
   if (!ctx.enter()) return false;
   std::size_t i = 0;
   bool ok = std::apply(
       [&](const auto&... f) {
-        return (decode_value(ctx, out.*(f.member), PathNode{&at, PathNode::Kind::kIndex, {}, i++}) && ...);
+        return (
+            decode_value(ctx, out.*(f.member), PathNode{&at, PathNode::Kind::kIndex, {}, i++}) &&
+            ...);
       },
       fields);
   if (ok) ctx.leave();
@@ -215,25 +314,29 @@ bool decode_tuple_body(DecodeContext& ctx, std::uint32_t count, S& out, const Pa
 // ---- Containers ----
 
 template <class T>
-bool decode_vector(DecodeContext& ctx, std::uint32_t count, std::vector<T>& out, const PathNode& at) {
+bool decode_vector(DecodeContext& ctx, std::uint32_t count, std::vector<T>& out,
+                   const PathNode& at) {
   if (!ctx.enter()) return false;
   out.clear();
   // Every element takes at least one byte: never reserve beyond what the input can hold.
   out.reserve(std::min<std::size_t>(count, ctx.reader.remaining()));
   for (std::uint32_t i = 0; i < count; ++i) {
-    if (!decode_value(ctx, out.emplace_back(), PathNode{&at, PathNode::Kind::kIndex, {}, i})) return false;
+    if (!decode_value(ctx, out.emplace_back(), PathNode{&at, PathNode::Kind::kIndex, {}, i}))
+      return false;
   }
   ctx.leave();
   return true;
 }
 
-inline bool decode_dict_key(DecodeContext& ctx, const Item& it, std::string& out, const PathNode& map_at) {
+inline bool decode_dict_key(DecodeContext& ctx, const Item& it, std::string& out,
+                            const PathNode& map_at) {
   if (it.kind != Kind::kStr) return ctx.expected_key("str", it, map_at);
   if (auto bad = utf8_error(it.bytes)) return ctx.fail_plain(*bad);
   out.assign(it.bytes);
   return true;
 }
-inline bool decode_dict_key(DecodeContext& ctx, const Item& it, std::int64_t& out, const PathNode& map_at) {
+inline bool decode_dict_key(DecodeContext& ctx, const Item& it, std::int64_t& out,
+                            const PathNode& map_at) {
   if (it.kind == Kind::kStr && ctx.from_json) {  // JSON object keys are strings: "0" -> 0
     const char* end = it.bytes.data() + it.bytes.size();
     auto [p, ec] = std::from_chars(it.bytes.data(), end, out);
@@ -297,11 +400,16 @@ bool decode_item(DecodeContext& ctx, const Item& it, T& out, const PathNode& at)
     return decode_union_body(ctx, it.count, out, at);
   } else {
     if (!accepts<T>(it.kind)) return ctx.expected(type_name<T>(), it, at);
-    if constexpr (IsVector<T>::value) return decode_vector(ctx, it.count, out, at);
-    else if constexpr (IsDict<T>::value) return decode_dict(ctx, it.count, out, at);
-    else if constexpr (TupleStruct<T>) return decode_tuple_body(ctx, it.count, out, at);
-    else if constexpr (MapStruct<T>) return decode_struct_body(ctx, it.count, out, at);
-    else return decode_scalar(ctx, it, out, at);
+    if constexpr (IsVector<T>::value)
+      return decode_vector(ctx, it.count, out, at);
+    else if constexpr (IsDict<T>::value)
+      return decode_dict(ctx, it.count, out, at);
+    else if constexpr (TupleStruct<T>)
+      return decode_tuple_body(ctx, it.count, out, at);
+    else if constexpr (MapStruct<T>)
+      return decode_struct_body(ctx, it.count, out, at);
+    else
+      return decode_scalar(ctx, it, out, at);
   }
 }
 
@@ -317,7 +425,8 @@ struct TagTable {
     std::array<Entry, kSize> a{};
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       ((a[I] = Entry{std::variant_alternative_t<I, V>::kTag, I}), ...);
-    }(std::make_index_sequence<kSize>{});
+    }
+    (std::make_index_sequence<kSize>{});
     std::sort(a.begin(), a.end());
     return a;
   }
@@ -331,11 +440,14 @@ struct TagTable {
   }
 
   using Fn = bool (*)(DecodeContext&, std::uint32_t, V&, const PathNode&);
-  static constexpr std::array<Fn, kSize> kDecoders = []<std::size_t... I>(std::index_sequence<I...>) {
-    return std::array<Fn, kSize>{+[](DecodeContext& ctx, std::uint32_t n, V& out, const PathNode& at) {
-      return decode_struct_body(ctx, n, out.template emplace<I>(), at);
-    }...};
-  }(std::make_index_sequence<kSize>{});
+  static constexpr std::array<Fn, kSize> kDecoders =
+      []<std::size_t... I>(std::index_sequence<I...>) {
+    return std::array<Fn, kSize>{
+        +[](DecodeContext& ctx, std::uint32_t n, V& out, const PathNode& at) {
+          return decode_struct_body(ctx, n, out.template emplace<I>(), at);
+        }...};
+  }
+  (std::make_index_sequence<kSize>{});
 };
 
 template <class V>
@@ -358,7 +470,8 @@ bool decode_union_body(DecodeContext& ctx, std::uint32_t entries, V& out, const 
     index = Table::find(tag.bytes);
     if (!index) return ctx.fail("Invalid value '" + std::string(tag.bytes) + "'", tag_at);
   }
-  if (!index) return ctx.fail("Object missing required field `" + std::string(Table::kTagKey) + "`", at);
+  if (!index)
+    return ctx.fail("Object missing required field `" + std::string(Table::kTagKey) + "`", at);
   ctx.reader.seek(start);
   return Table::kDecoders[*index](ctx, entries, out, at);
 }

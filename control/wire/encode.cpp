@@ -3,6 +3,35 @@
 #include "kvnode/wire/codec.hpp"
 
 namespace kvnode::wire {
+namespace detail {
+
+void encode_scalar(Writer& w, std::int64_t v) {
+  w.pk.pack_int64(v);
+}
+void encode_scalar(Writer& w, const WideInt& v) {
+  if (v.negative())
+    w.pk.pack_int64(static_cast<std::int64_t>(v.bits()));
+  else
+    w.pk.pack_uint64(v.bits());
+}
+void encode_scalar(Writer& w, double v) {
+  w.float64(v);
+}
+void encode_scalar(Writer& w, bool v) {
+  if (v)
+    w.pk.pack_true();
+  else
+    w.pk.pack_false();
+}
+void encode_scalar(Writer& w, const std::string& v) {
+  w.str(v);
+}
+void encode_scalar(Writer& w, OpType v) {
+  w.str(v == OpType::kAdmit ? "admit" : "evict");
+}
+
+}  // namespace detail
+
 namespace {
 
 template <class T>
@@ -13,9 +42,15 @@ void encode_into(const T& value, std::string& out) {
 
 }  // namespace
 
-void encode(const Msg& msg, std::string& out) { encode_into(msg, out); }
-void encode(const KVOpEvent& event, std::string& out) { encode_into(event, out); }
-void encode(const AnyCommand& command, std::string& out) { encode_into(command, out); }
+void encode(const Msg& msg, std::string& out) {
+  encode_into(msg, out);
+}
+void encode(const KVOpEvent& event, std::string& out) {
+  encode_into(event, out);
+}
+void encode(const AnyCommand& command, std::string& out) {
+  encode_into(command, out);
+}
 
 std::string encode(const Msg& msg) {
   std::string out;

@@ -47,29 +47,27 @@ class Writer {
 };
 
 void encode_any(Writer& w, const AnyValue& v);
+void encode_scalar(Writer& w, std::int64_t v);  // out of line, like the decoder's scalars
+void encode_scalar(Writer& w, const WideInt& v);
+void encode_scalar(Writer& w, double v);
+void encode_scalar(Writer& w, bool v);
+void encode_scalar(Writer& w, const std::string& v);
+void encode_scalar(Writer& w, OpType v);
 
 template <class T>
 void encode_value(Writer& w, const T& v) {
   Packer& pk = w.pk;
-  if constexpr (std::is_same_v<T, std::int64_t>) {
-    pk.pack_int64(v);
-  } else if constexpr (std::is_same_v<T, WideInt>) {
-    if (v.negative()) pk.pack_int64(static_cast<std::int64_t>(v.bits()));
-    else pk.pack_uint64(v.bits());
-  } else if constexpr (std::is_same_v<T, double>) {
-    w.float64(v);
-  } else if constexpr (std::is_same_v<T, bool>) {
-    if (v) pk.pack_true();
-    else pk.pack_false();
-  } else if constexpr (std::is_same_v<T, std::string>) {
-    w.str(v);
-  } else if constexpr (std::is_same_v<T, OpType>) {
-    w.str(v == OpType::kAdmit ? "admit" : "evict");
+  if constexpr (std::is_same_v<T, std::int64_t> || std::is_same_v<T, WideInt> ||
+                std::is_same_v<T, double> || std::is_same_v<T, bool> ||
+                std::is_same_v<T, std::string> || std::is_same_v<T, OpType>) {
+    encode_scalar(w, v);
   } else if constexpr (std::is_same_v<T, AnyValue>) {
     encode_any(w, v);
   } else if constexpr (IsOptional<T>::value) {
-    if (v) encode_value(w, *v);
-    else pk.pack_nil();
+    if (v)
+      encode_value(w, *v);
+    else
+      pk.pack_nil();
   } else if constexpr (IsVector<T>::value) {
     pk.pack_array(static_cast<std::uint32_t>(v.size()));
     for (const auto& e : v) encode_value(w, e);

@@ -1,10 +1,11 @@
 // JSON -> msgpack through nlohmann's SAX parser: no DOM, containers written with 32-bit headers
 // whose counts are patched when they close, nesting bounded like the msgpack decoder.
+#include "json_transcoder.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include "decoder.hpp"
 #include "encoder.hpp"
-#include "json_transcoder.hpp"
 
 namespace kvnode::wire {
 namespace {
@@ -19,12 +20,24 @@ class Transcoder {
 
   explicit Transcoder(std::size_t input_size) : input_size_(input_size) {}
 
-  bool null() { return value([&] { w_.pk.pack_nil(); }); }
-  bool boolean(bool v) { return value([&] { v ? w_.pk.pack_true() : w_.pk.pack_false(); }); }
-  bool number_integer(std::int64_t v) { return value([&] { w_.pk.pack_int64(v); }); }
-  bool number_unsigned(std::uint64_t v) { return value([&] { w_.pk.pack_uint64(v); }); }
-  bool number_float(double v, const std::string&) { return value([&] { w_.float64(v); }); }
-  bool string(std::string& s) { return value([&] { w_.str(s); }); }
+  bool null() {
+    return value([&] { w_.pk.pack_nil(); });
+  }
+  bool boolean(bool v) {
+    return value([&] { v ? w_.pk.pack_true() : w_.pk.pack_false(); });
+  }
+  bool number_integer(std::int64_t v) {
+    return value([&] { w_.pk.pack_int64(v); });
+  }
+  bool number_unsigned(std::uint64_t v) {
+    return value([&] { w_.pk.pack_uint64(v); });
+  }
+  bool number_float(double v, const std::string&) {
+    return value([&] { w_.float64(v); });
+  }
+  bool string(std::string& s) {
+    return value([&] { w_.str(s); });
+  }
   bool binary(binary_t&) { return false; }  // JSON has no binary values
   bool key(std::string& s) {
     ++open_.back().count;
@@ -40,9 +53,11 @@ class Transcoder {
     if (position >= input_size_ + 1 || what.find("unexpected end of input;") != std::string::npos) {
       error_ = "Input data was truncated";
     } else {
-      const char* reason = what.find("expected end of input") != std::string::npos ? "trailing characters"
-                                                                                     : "invalid character";
-      error_ = "JSON is malformed: " + std::string(reason) + " (byte " + std::to_string(position - 1) + ")";
+      const char* reason = what.find("expected end of input") != std::string::npos
+                               ? "trailing characters"
+                               : "invalid character";
+      error_ = "JSON is malformed: " + std::string(reason) + " (byte " +
+               std::to_string(position - 1) + ")";
     }
     return false;
   }
@@ -78,7 +93,8 @@ class Transcoder {
     const Open o = open_.back();
     open_.pop_back();
     in_array_.pop_back();
-    for (int i = 0; i < 4; ++i) out_[o.header_at + 1 + i] = static_cast<char>(o.count >> (24 - 8 * i));
+    for (int i = 0; i < 4; ++i)
+      out_[o.header_at + 1 + i] = static_cast<char>(o.count >> (24 - 8 * i));
     return true;
   }
 
@@ -94,8 +110,9 @@ class Transcoder {
 
 Result<std::string> json_to_msgpack(std::string_view json) {
   Transcoder t(json.size());
-  const bool ok = nlohmann::json::sax_parse(json.begin(), json.end(), &t, nlohmann::json::input_format_t::json,
-                                            /*strict=*/true);
+  const bool ok =
+      nlohmann::json::sax_parse(json.begin(), json.end(), &t, nlohmann::json::input_format_t::json,
+                                /*strict=*/true);
   if (!ok) return Error{t.error().empty() ? "JSON is malformed" : t.error()};
   return std::move(t.out());
 }

@@ -23,22 +23,31 @@ struct Item {
   bool boolean = false;
   WideInt integer;
   double real = 0.0;
-  std::string_view bytes;  // str, bin and ext payloads (a view into the input)
-  std::uint32_t count = 0; // array elements or map entries
+  std::string_view bytes;   // str, bin and ext payloads (a view into the input)
+  std::uint32_t count = 0;  // array elements or map entries
 };
 
 // msgspec's name of a msgpack type in "Expected `x`, got `y`" errors.
 inline std::string_view kind_name(Kind k, bool from_json) {
   switch (k) {
-    case Kind::kNil: return from_json ? "null" : "None";
-    case Kind::kBool: return "bool";
-    case Kind::kInt: return "int";
-    case Kind::kFloat: return "float";
-    case Kind::kStr: return "str";
-    case Kind::kBin: return "bytes";
-    case Kind::kArray: return "array";
-    case Kind::kMap: return "object";
-    case Kind::kExt: return "ext";
+    case Kind::kNil:
+      return from_json ? "null" : "None";
+    case Kind::kBool:
+      return "bool";
+    case Kind::kInt:
+      return "int";
+    case Kind::kFloat:
+      return "float";
+    case Kind::kStr:
+      return "str";
+    case Kind::kBin:
+      return "bytes";
+    case Kind::kArray:
+      return "array";
+    case Kind::kMap:
+      return "object";
+    case Kind::kExt:
+      return "ext";
   }
   return "?";
 }
@@ -46,31 +55,69 @@ inline std::string_view kind_name(Kind k, bool from_json) {
 class MsgpackReader {
  public:
   explicit MsgpackReader(std::string_view data)
-      : p_(reinterpret_cast<const std::uint8_t*>(data.data())), begin_(p_), end_(p_ + data.size()) {}
+      : p_(reinterpret_cast<const std::uint8_t*>(data.data())),
+        begin_(p_),
+        end_(p_ + data.size()) {}
 
   std::size_t offset() const { return static_cast<std::size_t>(p_ - begin_); }
   std::size_t remaining() const { return static_cast<std::size_t>(end_ - p_); }
   bool at_end() const { return p_ == end_; }
   void seek(std::size_t offset) { p_ = begin_ + offset; }
 
-  // Reads the next item; on failure returns false and error() says why.
-  bool next(Item& it) {
+  // Reads the next item; on failure returns false and error() says why. The one-byte forms that
+  // make up most of a KV event batch (fixint, fixstr, fixmap, fixarray) stay inline.
+  [[gnu::always_inline]] bool next(Item& it) {
+    if (p_ != end_) [[likely]] {
+      const std::uint8_t b = *p_;
+      if (b <= 0x7f) {
+        ++p_;
+        return set_int(it, WideInt(static_cast<std::int64_t>(b)));
+      }
+      if ((b & 0xe0) == 0xa0 && remaining() > static_cast<std::size_t>(b & 0x1f)) {
+        ++p_;
+        return payload(it, Kind::kStr, b & 0x1f);
+      }
+      if ((b & 0xe0) == 0x80) {  // fixmap 0x8X, fixarray 0x9X
+        ++p_;
+        return set_count(it, (b & 0x10) ? Kind::kArray : Kind::kMap, b & 0x0f);
+      }
+    }
+    return next_slow(it);
+  }
+
+  const std::string& error() const { return error_; }
+
+ private:
+  [[gnu::noinline]] bool next_slow(Item& it) {
     if (p_ == end_) return truncated();
     const std::uint8_t b = *p_++;
     if (b <= 0x7f) return set_int(it, WideInt(static_cast<std::int64_t>(b)));
-    if (b >= 0xe0) return set_int(it, WideInt(static_cast<std::int64_t>(static_cast<std::int8_t>(b))));
+    if (b >= 0xe0)
+      return set_int(it, WideInt(static_cast<std::int64_t>(static_cast<std::int8_t>(b))));
     if ((b & 0xf0) == 0x80) return set_count(it, Kind::kMap, b & 0x0f);
     if ((b & 0xf0) == 0x90) return set_count(it, Kind::kArray, b & 0x0f);
     if ((b & 0xe0) == 0xa0) return payload(it, Kind::kStr, b & 0x1f);
     switch (b) {
-      case 0xc0: it.kind = Kind::kNil; return true;
-      case 0xc2: case 0xc3: it.kind = Kind::kBool; it.boolean = b == 0xc3; return true;
-      case 0xc4: return sized_payload<std::uint8_t>(it, Kind::kBin);
-      case 0xc5: return sized_payload<std::uint16_t>(it, Kind::kBin);
-      case 0xc6: return sized_payload<std::uint32_t>(it, Kind::kBin);
-      case 0xc7: return sized_ext<std::uint8_t>(it);
-      case 0xc8: return sized_ext<std::uint16_t>(it);
-      case 0xc9: return sized_ext<std::uint32_t>(it);
+      case 0xc0:
+        it.kind = Kind::kNil;
+        return true;
+      case 0xc2:
+      case 0xc3:
+        it.kind = Kind::kBool;
+        it.boolean = b == 0xc3;
+        return true;
+      case 0xc4:
+        return sized_payload<std::uint8_t>(it, Kind::kBin);
+      case 0xc5:
+        return sized_payload<std::uint16_t>(it, Kind::kBin);
+      case 0xc6:
+        return sized_payload<std::uint32_t>(it, Kind::kBin);
+      case 0xc7:
+        return sized_ext<std::uint8_t>(it);
+      case 0xc8:
+        return sized_ext<std::uint16_t>(it);
+      case 0xc9:
+        return sized_ext<std::uint32_t>(it);
       case 0xca: {
         std::uint32_t raw;
         if (!read_be(raw)) return false;
@@ -87,27 +134,48 @@ class MsgpackReader {
         std::memcpy(&it.real, &raw, sizeof raw);
         return true;
       }
-      case 0xcc: return unsigned_int<std::uint8_t>(it);
-      case 0xcd: return unsigned_int<std::uint16_t>(it);
-      case 0xce: return unsigned_int<std::uint32_t>(it);
-      case 0xcf: return unsigned_int<std::uint64_t>(it);
-      case 0xd0: return signed_int<std::uint8_t, std::int8_t>(it);
-      case 0xd1: return signed_int<std::uint16_t, std::int16_t>(it);
-      case 0xd2: return signed_int<std::uint32_t, std::int32_t>(it);
-      case 0xd3: return signed_int<std::uint64_t, std::int64_t>(it);
-      case 0xd4: return fixed_ext(it, 1);
-      case 0xd5: return fixed_ext(it, 2);
-      case 0xd6: return fixed_ext(it, 4);
-      case 0xd7: return fixed_ext(it, 8);
-      case 0xd8: return fixed_ext(it, 16);
-      case 0xd9: return sized_payload<std::uint8_t>(it, Kind::kStr);
-      case 0xda: return sized_payload<std::uint16_t>(it, Kind::kStr);
-      case 0xdb: return sized_payload<std::uint32_t>(it, Kind::kStr);
-      case 0xdc: return sized_count<std::uint16_t>(it, Kind::kArray);
-      case 0xdd: return sized_count<std::uint32_t>(it, Kind::kArray);
-      case 0xde: return sized_count<std::uint16_t>(it, Kind::kMap);
-      case 0xdf: return sized_count<std::uint32_t>(it, Kind::kMap);
-      default: break;  // only 0xc1 is left: never used
+      case 0xcc:
+        return unsigned_int<std::uint8_t>(it);
+      case 0xcd:
+        return unsigned_int<std::uint16_t>(it);
+      case 0xce:
+        return unsigned_int<std::uint32_t>(it);
+      case 0xcf:
+        return unsigned_int<std::uint64_t>(it);
+      case 0xd0:
+        return signed_int<std::uint8_t, std::int8_t>(it);
+      case 0xd1:
+        return signed_int<std::uint16_t, std::int16_t>(it);
+      case 0xd2:
+        return signed_int<std::uint32_t, std::int32_t>(it);
+      case 0xd3:
+        return signed_int<std::uint64_t, std::int64_t>(it);
+      case 0xd4:
+        return fixed_ext(it, 1);
+      case 0xd5:
+        return fixed_ext(it, 2);
+      case 0xd6:
+        return fixed_ext(it, 4);
+      case 0xd7:
+        return fixed_ext(it, 8);
+      case 0xd8:
+        return fixed_ext(it, 16);
+      case 0xd9:
+        return sized_payload<std::uint8_t>(it, Kind::kStr);
+      case 0xda:
+        return sized_payload<std::uint16_t>(it, Kind::kStr);
+      case 0xdb:
+        return sized_payload<std::uint32_t>(it, Kind::kStr);
+      case 0xdc:
+        return sized_count<std::uint16_t>(it, Kind::kArray);
+      case 0xdd:
+        return sized_count<std::uint32_t>(it, Kind::kArray);
+      case 0xde:
+        return sized_count<std::uint16_t>(it, Kind::kMap);
+      case 0xdf:
+        return sized_count<std::uint32_t>(it, Kind::kMap);
+      default:
+        break;  // only 0xc1 is left: never used
     }
     static constexpr char kHex[] = "0123456789abcdef";
     error_ = "MessagePack data is malformed: invalid opcode '\\x";
@@ -117,9 +185,6 @@ class MsgpackReader {
     return false;
   }
 
-  const std::string& error() const { return error_; }
-
- private:
   bool truncated() {
     error_ = "Input data was truncated";
     return false;
@@ -127,8 +192,14 @@ class MsgpackReader {
   template <class U>
   bool read_be(U& out) {
     if (remaining() < sizeof(U)) return truncated();
-    U v = 0;
-    for (std::size_t i = 0; i < sizeof(U); ++i) v = static_cast<U>((v << 8) | p_[i]);
+    U v;
+    std::memcpy(&v, p_, sizeof(U));
+    if constexpr (sizeof(U) == 8)
+      v = __builtin_bswap64(v);
+    else if constexpr (sizeof(U) == 4)
+      v = __builtin_bswap32(v);
+    else if constexpr (sizeof(U) == 2)
+      v = __builtin_bswap16(v);
     p_ += sizeof(U);
     out = v;
     return true;
@@ -172,7 +243,9 @@ class MsgpackReader {
     U n;
     return read_be(n) && set_count(it, k, n);
   }
-  bool fixed_ext(Item& it, std::size_t n) { return remaining() >= 1 ? (++p_, payload(it, Kind::kExt, n)) : truncated(); }
+  bool fixed_ext(Item& it, std::size_t n) {
+    return remaining() >= 1 ? (++p_, payload(it, Kind::kExt, n)) : truncated();
+  }
   template <class U>
   bool sized_ext(Item& it) {
     U n;

@@ -8,11 +8,13 @@ namespace kvnode::wire {
 namespace {
 
 std::string base64(std::string_view in) {
-  static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  static constexpr char kAlphabet[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
   std::string out;
   std::size_t i = 0;
   for (; i + 3 <= in.size(); i += 3) {
-    const unsigned v = (static_cast<unsigned char>(in[i]) << 16) | (static_cast<unsigned char>(in[i + 1]) << 8) |
+    const unsigned v = (static_cast<unsigned char>(in[i]) << 16) |
+                       (static_cast<unsigned char>(in[i + 1]) << 8) |
                        static_cast<unsigned char>(in[i + 2]);
     for (int s = 18; s >= 0; s -= 6) out += kAlphabet[(v >> s) & 63];
   }
@@ -33,18 +35,26 @@ Json int_json(const WideInt& v) {
 
 Json any_json(const AnyValue& v);
 
-// A dict key as a JSON object key (str_keys=True): strings as they are, numbers as Python prints them.
+// A dict key as a JSON object key (str_keys=True): strings as they are, numbers as Python prints
+// them.
 std::string key_string(const AnyValue& k) {
   return std::visit(
       [](const auto& x) -> std::string {
         using T = std::decay_t<decltype(x)>;
-        if constexpr (std::is_same_v<T, std::string>) return x;
-        else if constexpr (std::is_same_v<T, WideInt>) return x.to_string();
-        else if constexpr (std::is_same_v<T, bool>) return x ? "true" : "false";
-        else if constexpr (std::is_same_v<T, std::monostate>) return "null";
-        else if constexpr (std::is_same_v<T, double>) return Json(x).dump();
-        else if constexpr (std::is_same_v<T, AnyValue::Bytes>) return base64(x.data);
-        else return "";  // arrays and maps are never keys (the decoder refuses them)
+        if constexpr (std::is_same_v<T, std::string>)
+          return x;
+        else if constexpr (std::is_same_v<T, WideInt>)
+          return x.to_string();
+        else if constexpr (std::is_same_v<T, bool>)
+          return x ? "true" : "false";
+        else if constexpr (std::is_same_v<T, std::monostate>)
+          return "null";
+        else if constexpr (std::is_same_v<T, double>)
+          return Json(x).dump();
+        else if constexpr (std::is_same_v<T, AnyValue::Bytes>)
+          return base64(x.data);
+        else
+          return "";  // arrays and maps are never keys (the decoder refuses them)
       },
       k.value);
 }
@@ -53,9 +63,12 @@ Json any_json(const AnyValue& v) {
   return std::visit(
       [](const auto& x) -> Json {
         using T = std::decay_t<decltype(x)>;
-        if constexpr (std::is_same_v<T, std::monostate>) return nullptr;
-        else if constexpr (std::is_same_v<T, WideInt>) return int_json(x);
-        else if constexpr (std::is_same_v<T, AnyValue::Bytes>) return base64(x.data);
+        if constexpr (std::is_same_v<T, std::monostate>)
+          return nullptr;
+        else if constexpr (std::is_same_v<T, WideInt>)
+          return int_json(x);
+        else if constexpr (std::is_same_v<T, AnyValue::Bytes>)
+          return base64(x.data);
         else if constexpr (std::is_same_v<T, AnyValue::Array>) {
           Json a = Json::array();
           for (const auto& e : x) a.push_back(any_json(e));
@@ -89,8 +102,10 @@ Json to_json(const T& v) {
   } else if constexpr (IsDict<T>::value) {
     Json o = Json::object();
     for (const auto& [k, val] : v.items) {
-      if constexpr (std::is_same_v<std::decay_t<decltype(k)>, std::string>) o[k] = to_json(val);
-      else o[std::to_string(k)] = to_json(val);
+      if constexpr (std::is_same_v<std::decay_t<decltype(k)>, std::string>)
+        o[k] = to_json(val);
+      else
+        o[std::to_string(k)] = to_json(val);
     }
     return o;
   } else if constexpr (IsVariant<T>::value) {
@@ -102,7 +117,8 @@ Json to_json(const T& v) {
   } else if constexpr (MapStruct<T>) {
     Json o = Json::object();
     if constexpr (TaggedStruct<T>) o[std::string(T::kTagKey)] = T::kTag;
-    std::apply([&](const auto&... f) { ((o[std::string(f.name)] = to_json(v.*(f.member))), ...); }, T::fields());
+    std::apply([&](const auto&... f) { ((o[std::string(f.name)] = to_json(v.*(f.member))), ...); },
+               T::fields());
     return o;
   } else {
     return Json(v);
@@ -111,8 +127,14 @@ Json to_json(const T& v) {
 
 }  // namespace
 
-Json to_builtins(const Msg& msg) { return to_json(msg); }
-Json to_builtins(const KVOpEvent& event) { return to_json(event); }
-Json to_builtins(const AnyCommand& command) { return to_json(command); }
+Json to_builtins(const Msg& msg) {
+  return to_json(msg);
+}
+Json to_builtins(const KVOpEvent& event) {
+  return to_json(event);
+}
+Json to_builtins(const AnyCommand& command) {
+  return to_json(command);
+}
 
 }  // namespace kvnode::wire
