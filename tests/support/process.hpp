@@ -31,7 +31,8 @@ inline std::string slurp(const std::string& path) {
   return ss.str();
 }
 
-inline ProcessResult run_process(const std::vector<std::string>& argv, const std::string& input = {},
+inline ProcessResult run_process(const std::vector<std::string>& argv,
+                                 const std::string& input = {},
                                  std::chrono::seconds timeout = std::chrono::seconds(60)) {
   char dir_template[] = "/tmp/kvnode-test-XXXXXX";
   const std::string dir = mkdtemp(dir_template);
@@ -41,8 +42,10 @@ inline ProcessResult run_process(const std::vector<std::string>& argv, const std
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, 0, in_path.c_str(), O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  posix_spawn_file_actions_addopen(&actions, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_addopen(&actions, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0600);
+  posix_spawn_file_actions_addopen(&actions, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0600);
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);

@@ -30,16 +30,25 @@ class RandomMessages {
 
   template <class T>
   void fill(T& v) {
-    if constexpr (std::is_same_v<T, std::int64_t>) v = integer();
-    else if constexpr (std::is_same_v<T, wire::WideInt>) v = wide();
-    else if constexpr (std::is_same_v<T, double>) v = real();
-    else if constexpr (std::is_same_v<T, bool>) v = coin();
-    else if constexpr (std::is_same_v<T, std::string>) v = text();
-    else if constexpr (std::is_same_v<T, wire::OpType>) v = coin() ? wire::OpType::kAdmit : wire::OpType::kEvict;
-    else if constexpr (std::is_same_v<T, wire::AnyValue>) v = any(2);
+    if constexpr (std::is_same_v<T, std::int64_t>)
+      v = integer();
+    else if constexpr (std::is_same_v<T, wire::WideInt>)
+      v = wide();
+    else if constexpr (std::is_same_v<T, double>)
+      v = real();
+    else if constexpr (std::is_same_v<T, bool>)
+      v = coin();
+    else if constexpr (std::is_same_v<T, std::string>)
+      v = text();
+    else if constexpr (std::is_same_v<T, wire::OpType>)
+      v = coin() ? wire::OpType::kAdmit : wire::OpType::kEvict;
+    else if constexpr (std::is_same_v<T, wire::AnyValue>)
+      v = any(2);
     else if constexpr (is_optional<T>::value) {
-      if (below(3) == 0) v.reset();
-      else fill(v.emplace());
+      if (below(3) == 0)
+        v.reset();
+      else
+        fill(v.emplace());
     } else if constexpr (is_vector<T>::value) {
       v.resize(below(12));
       for (auto& e : v) fill(e);
@@ -60,30 +69,59 @@ class RandomMessages {
   }
 
  private:
-  template <class T> struct is_optional : std::false_type {};
-  template <class T> struct is_optional<std::optional<T>> : std::true_type {};
-  template <class T> struct is_vector : std::false_type {};
-  template <class T> struct is_vector<std::vector<T>> : std::true_type {};
-  template <class T> struct is_dict : std::false_type {};
-  template <class K, class V> struct is_dict<wire::Dict<K, V>> : std::true_type {};
-  template <class T> struct is_variant : std::false_type {};
-  template <class... T> struct is_variant<std::variant<T...>> : std::true_type {};
+  template <class T>
+  struct is_optional : std::false_type {};
+  template <class T>
+  struct is_optional<std::optional<T>> : std::true_type {};
+  template <class T>
+  struct is_vector : std::false_type {};
+  template <class T>
+  struct is_vector<std::vector<T>> : std::true_type {};
+  template <class T>
+  struct is_dict : std::false_type {};
+  template <class K, class V>
+  struct is_dict<wire::Dict<K, V>> : std::true_type {};
+  template <class T>
+  struct is_variant : std::false_type {};
+  template <class... T>
+  struct is_variant<std::variant<T...>> : std::true_type {};
 
   template <class V, std::size_t I = 0>
   void fill_variant(V& v, std::size_t index) {
     if constexpr (I < std::variant_size_v<V>) {
-      if (index == I) fill(v.template emplace<I>());
-      else fill_variant<V, I + 1>(v, index);
+      if (index == I)
+        fill(v.template emplace<I>());
+      else
+        fill_variant<V, I + 1>(v, index);
     }
   }
 
-  std::size_t below(std::size_t n) { return std::uniform_int_distribution<std::size_t>(0, n - 1)(rng_); }
+  std::size_t below(std::size_t n) {
+    return std::uniform_int_distribution<std::size_t>(0, n - 1)(rng_);
+  }
   bool coin() { return below(2) == 1; }
 
   std::int64_t integer() {
-    static constexpr std::int64_t kEdges[] = {0, 1, 127, 128, 255, 256, 65535, 65536, 4294967295LL, 4294967296LL,
-                                              std::numeric_limits<std::int64_t>::max(), -1, -32, -33, -128, -129,
-                                              -32768, -32769, -2147483648LL, -2147483649LL,
+    static constexpr std::int64_t kEdges[] = {0,
+                                              1,
+                                              127,
+                                              128,
+                                              255,
+                                              256,
+                                              65535,
+                                              65536,
+                                              4294967295LL,
+                                              4294967296LL,
+                                              std::numeric_limits<std::int64_t>::max(),
+                                              -1,
+                                              -32,
+                                              -33,
+                                              -128,
+                                              -129,
+                                              -32768,
+                                              -32769,
+                                              -2147483648LL,
+                                              -2147483649LL,
                                               std::numeric_limits<std::int64_t>::min()};
     if (coin()) return kEdges[below(std::size(kEdges))];
     return static_cast<std::int64_t>(rng_()) >> below(64);
@@ -98,25 +136,47 @@ class RandomMessages {
     return std::uniform_real_distribution<double>(-1e6, 1e6)(rng_);
   }
   std::string text() {
-    static constexpr const char* kPieces[] = {"a", "Z", "0", "_", "-", ":", "/", "\"", "\\", "\n", "\t",
-                                              "<nul>", "\xc3\xbc", "\xe2\x9c\x93",
-                                              "\xe6\x97\xa5", "\xf0\x9f\x9a\x80", "LocalCPUBackend"};
+    static constexpr const char* kPieces[] = {"a",
+                                              "Z",
+                                              "0",
+                                              "_",
+                                              "-",
+                                              ":",
+                                              "/",
+                                              "\"",
+                                              "\\",
+                                              "\n",
+                                              "\t",
+                                              "<nul>",
+                                              "\xc3\xbc",
+                                              "\xe2\x9c\x93",
+                                              "\xe6\x97\xa5",
+                                              "\xf0\x9f\x9a\x80",
+                                              "LocalCPUBackend"};
     std::string s;
-    const std::size_t n = below(5) == 0 ? 40 + below(300) : below(12);  // exercise str8/str16 headers
+    const std::size_t n =
+        below(5) == 0 ? 40 + below(300) : below(12);  // exercise str8/str16 headers
     for (std::size_t i = 0; i < n; ++i) {
       const std::size_t k = below(std::size(kPieces));
-      if (k == 11) s.push_back('\0');
-      else s += kPieces[k];
+      if (k == 11)
+        s.push_back('\0');
+      else
+        s += kPieces[k];
     }
     return s;
   }
   wire::AnyValue any(int depth) {
     switch (below(depth > 0 ? 7 : 5)) {
-      case 0: return {};
-      case 1: return wire::AnyValue(coin());
-      case 2: return wire::AnyValue(wide());
-      case 3: return wire::AnyValue(real());
-      case 4: return wire::AnyValue(text());
+      case 0:
+        return {};
+      case 1:
+        return wire::AnyValue(coin());
+      case 2:
+        return wire::AnyValue(wide());
+      case 3:
+        return wire::AnyValue(real());
+      case 4:
+        return wire::AnyValue(text());
       case 5: {
         wire::AnyValue::Array a;
         for (std::size_t i = 0, n = below(4); i < n; ++i) a.push_back(any(depth - 1));
@@ -124,7 +184,8 @@ class RandomMessages {
       }
       default: {
         wire::AnyValue::Map m;
-        for (std::size_t i = 0, n = below(4); i < n; ++i) m.emplace_back(wire::AnyValue("k" + std::to_string(i)), any(depth - 1));
+        for (std::size_t i = 0, n = below(4); i < n; ++i)
+          m.emplace_back(wire::AnyValue("k" + std::to_string(i)), any(depth - 1));
         return wire::AnyValue(std::move(m));
       }
     }

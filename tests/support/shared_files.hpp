@@ -15,7 +15,8 @@ namespace kvnode::test {
 // Parses ../shared/conformance/<name> keeping key order (encoding tests need it; compare values
 // as nlohmann::json, which ignores order); nullopt when the shared folder is absent.
 inline std::optional<nlohmann::ordered_json> load_conformance(const std::string& name) {
-  const std::filesystem::path path = std::filesystem::path(KVNODE_SHARED_DIR) / "conformance" / name;
+  const std::filesystem::path path =
+      std::filesystem::path(KVNODE_SHARED_DIR) / "conformance" / name;
   std::ifstream in(path);
   if (!in) return std::nullopt;
   std::stringstream ss;
@@ -23,10 +24,11 @@ inline std::optional<nlohmann::ordered_json> load_conformance(const std::string&
   return nlohmann::ordered_json::parse(ss.str());
 }
 
-#define KVNODE_LOAD_CONFORMANCE_OR_SKIP(var, name)                                              \
-  auto var##_opt = ::kvnode::test::load_conformance(name);                                       \
-  if (!var##_opt) GTEST_SKIP() << "conformance file " name " not found under " KVNODE_SHARED_DIR \
-                               << "/conformance; skipping";                                      \
+#define KVNODE_LOAD_CONFORMANCE_OR_SKIP(var, name)                                 \
+  auto var##_opt = ::kvnode::test::load_conformance(name);                         \
+  if (!var##_opt)                                                                  \
+    GTEST_SKIP() << "conformance file " name " not found under " KVNODE_SHARED_DIR \
+                 << "/conformance; skipping";                                      \
   const nlohmann::ordered_json& var = *var##_opt
 
 inline std::string from_hex(std::string_view hex) {

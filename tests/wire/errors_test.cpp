@@ -21,14 +21,17 @@ std::string msgpack_of(std::string_view json) {
 }
 
 TEST(JsonErrors, UseJsonNamesAndMsgspecTexts) {
-  EXPECT_EQ(error_of(R"({"type":"KVAdmitMsg","instance_id":"i","worker_id":1,"key":5,"location":null})"),
-            "Expected `str`, got `null` - at `$.location`");
+  EXPECT_EQ(
+      error_of(R"({"type":"KVAdmitMsg","instance_id":"i","worker_id":1,"key":5,"location":null})"),
+      "Expected `str`, got `null` - at `$.location`");
   EXPECT_EQ(error_of(R"({"type":"Nope"})"), "Invalid value 'Nope' - at `$.type`");
   EXPECT_EQ(error_of(R"({"type":"ErrorMsg",)"), "Input data was truncated");
   EXPECT_EQ(error_of(R"({x})"), "JSON is malformed: invalid character (byte 1)");
-  EXPECT_EQ(error_of(R"({"type":"ErrorMsg","error":"e"} x)"), "JSON is malformed: trailing characters (byte 32)");
-  EXPECT_EQ(error_of(R"({"type":"KVAdmitMsg","instance_id":"i","worker_id":1.5,"key":5,"location":"L"})"),
-            "Expected `int`, got `float` - at `$.worker_id`");
+  EXPECT_EQ(error_of(R"({"type":"ErrorMsg","error":"e"} x)"),
+            "JSON is malformed: trailing characters (byte 32)");
+  EXPECT_EQ(
+      error_of(R"({"type":"KVAdmitMsg","instance_id":"i","worker_id":1.5,"key":5,"location":"L"})"),
+      "Expected `int`, got `float` - at `$.worker_id`");
 }
 
 TEST(JsonErrors, IntKeyedMapsTakeNumericStringKeysOnly) {
@@ -42,46 +45,60 @@ TEST(JsonErrors, IntKeyedMapsTakeNumericStringKeysOnly) {
 }
 
 TEST(JsonErrors, DeepNestingIsBounded) {
-  std::string deep = R"({"type":"ErrorMsg","error":"e","junk":)" + std::string(5000, '[') + std::string(5000, ']') + "}";
+  std::string deep = R"({"type":"ErrorMsg","error":"e","junk":)" + std::string(5000, '[') +
+                     std::string(5000, ']') + "}";
   EXPECT_EQ(error_of(deep), "maximum recursion depth exceeded while deserializing an object");
-  std::string fine = R"({"type":"ErrorMsg","error":"e","junk":)" + std::string(100, '[') + std::string(100, ']') + "}";
+  std::string fine = R"({"type":"ErrorMsg","error":"e","junk":)" + std::string(100, '[') +
+                     std::string(100, ']') + "}";
   EXPECT_TRUE(decode(fine).ok());
 }
 
 TEST(MsgpackErrors, InvalidUtf8GetsCPythonsText) {
   // ErrorMsg{error: "a\xff"}
   const std::string bad = test::from_hex("82a474797065a84572726f724d7367a56572726f72a261ff");
-  EXPECT_EQ(error_of(bad), "'utf-8' codec can't decode byte 0xff in position 1: invalid start byte");
+  EXPECT_EQ(error_of(bad),
+            "'utf-8' codec can't decode byte 0xff in position 1: invalid start byte");
   const std::string cut = test::from_hex("82a474797065a84572726f724d7367a56572726f72a261e2");
-  EXPECT_EQ(error_of(cut), "'utf-8' codec can't decode byte 0xe2 in position 1: unexpected end of data");
-  const std::string surrogate = test::from_hex("82a474797065a84572726f724d7367a56572726f72a3eda080");
-  EXPECT_EQ(error_of(surrogate), "'utf-8' codec can't decode byte 0xed in position 0: invalid continuation byte");
+  EXPECT_EQ(error_of(cut),
+            "'utf-8' codec can't decode byte 0xe2 in position 1: unexpected end of data");
+  const std::string surrogate =
+      test::from_hex("82a474797065a84572726f724d7367a56572726f72a3eda080");
+  EXPECT_EQ(error_of(surrogate),
+            "'utf-8' codec can't decode byte 0xed in position 0: invalid continuation byte");
 }
 
 TEST(MsgpackErrors, OptionalFieldsNameTheNullableType) {
-  EXPECT_EQ(error_of(msgpack_of(
-                R"({"type":"RegisterMsg","instance_id":"i","worker_id":0,"ip":"h","port":1,"peer_init_url":7})")),
-            "Expected `str | null`, got `int` - at `$.peer_init_url`");
-  EXPECT_EQ(error_of(msgpack_of(R"({"type":"MoveWorkerMsg","worker_event_id":"w","old_position":"L",)"
-                                R"("new_position":["p","L"],"copy":"yes"})")),
-            "Expected `bool | null`, got `str` - at `$.copy`");
+  EXPECT_EQ(
+      error_of(msgpack_of(
+          R"({"type":"RegisterMsg","instance_id":"i","worker_id":0,"ip":"h","port":1,"peer_init_url":7})")),
+      "Expected `str | null`, got `int` - at `$.peer_init_url`");
+  EXPECT_EQ(
+      error_of(msgpack_of(R"({"type":"MoveWorkerMsg","worker_event_id":"w","old_position":"L",)"
+                          R"("new_position":["p","L"],"copy":"yes"})")),
+      "Expected `bool | null`, got `str` - at `$.copy`");
 }
 
 TEST(MsgpackErrors, NestedPathsThroughTuplesDictsAndLists) {
-  EXPECT_EQ(error_of(msgpack_of(R"({"type":"LookupRetMsg","event_id":"e","layout_info":{"A":["L","x"]}})")),
+  EXPECT_EQ(error_of(msgpack_of(
+                R"({"type":"LookupRetMsg","event_id":"e","layout_info":{"A":["L","x"]}})")),
             "Expected `int`, got `str` - at `$.layout_info[...][1]`");
-  EXPECT_EQ(error_of(msgpack_of(R"({"type":"QueryWorkerInfoRetMsg","event_id":"e","worker_infos":[)"
-                                R"({"instance_id":"i","worker_id":0,"ip":"h","port":1,"peer_init_url":null,)"
-                                R"("registration_time":1.0}]})")),
+  EXPECT_EQ(error_of(msgpack_of(
+                R"({"type":"QueryWorkerInfoRetMsg","event_id":"e","worker_infos":[)"
+                R"({"instance_id":"i","worker_id":0,"ip":"h","port":1,"peer_init_url":null,)"
+                R"("registration_time":1.0}]})")),
             "Object missing required field `last_heartbeat_time` - at `$.worker_infos[0]`");
-  EXPECT_EQ(error_of(msgpack_of(R"({"type":"BatchedP2PLookupMsg","hashes":[1,2,"3"],"instance_id":"i","worker_id":0})")),
-            "Expected `int`, got `str` - at `$.hashes[2]`");
+  EXPECT_EQ(
+      error_of(msgpack_of(
+          R"({"type":"BatchedP2PLookupMsg","hashes":[1,2,"3"],"instance_id":"i","worker_id":0})")),
+      "Expected `int`, got `str` - at `$.hashes[2]`");
 }
 
 TEST(MsgpackErrors, IntegersOutsideInt64AreRefusedOutsideChunkHashes) {
   // worker_id = 2^64-1: chunk hashes carry it, ordinary int fields are int64.
-  EXPECT_EQ(error_of(msgpack_of(R"({"type":"FullSyncStatusMsg","instance_id":"i","worker_id":18446744073709551615,"sync_id":"s"})")),
-            "Expected `int` <= 9223372036854775807 - at `$.worker_id`");
+  EXPECT_EQ(
+      error_of(msgpack_of(
+          R"({"type":"FullSyncStatusMsg","instance_id":"i","worker_id":18446744073709551615,"sync_id":"s"})")),
+      "Expected `int` <= 9223372036854775807 - at `$.worker_id`");
 }
 
 TEST(MsgpackErrors, KeysMustBeStringsAndTagsConsistent) {
@@ -89,26 +106,31 @@ TEST(MsgpackErrors, KeysMustBeStringsAndTagsConsistent) {
   EXPECT_EQ(error_of(test::from_hex("830102a474797065a84572726f724d7367a56572726f72a165")),
             "Expected `str`, got `int` - at `key` in `$`");
   // a second "type" naming another class
-  EXPECT_EQ(error_of(test::from_hex("83a474797065a84572726f724d7367a56572726f72a165a474797065aa4b5641646d69744d7367")),
+  EXPECT_EQ(error_of(test::from_hex(
+                "83a474797065a84572726f724d7367a56572726f72a165a474797065aa4b5641646d69744d7367")),
             "Invalid value 'KVAdmitMsg' - at `$.type`");
   // an ext value where an int belongs
-  EXPECT_EQ(error_of(test::from_hex("82a474797065b24865616c7468576f726b65725265744d7367aa6572726f725f636f6465d40100")),
+  EXPECT_EQ(error_of(test::from_hex(
+                "82a474797065b24865616c7468576f726b65725265744d7367aa6572726f725f636f6465d40100")),
             "Expected `int`, got `ext` - at `$.error_code`");
 }
 
 TEST(MsgpackErrors, CommandArgsNeedStringKeysAndHashableNestedKeys) {
   const std::string prefix =
-      "82a474797065af4865617274626561745265744d7367a8636f6d6d616e64739182ac636f6d6d616e645f74797065a966756c6c5f73796e63"
+      "82a474797065af4865617274626561745265744d7367a8636f6d6d616e64739182ac636f6d6d616e645f74797065"
+      "a966756c6c5f73796e63"
       "a46172677381";
   // args: {[1]: 1} -- args is dict[str, Any]
-  EXPECT_EQ(error_of(test::from_hex(prefix + "910101")), "Expected `str`, got `array` - at `key` in `$.commands[0].args`");
+  EXPECT_EQ(error_of(test::from_hex(prefix + "910101")),
+            "Expected `str`, got `array` - at `key` in `$.commands[0].args`");
   // args: {"a": {[1]: 1}} -- inside Any, keys must be hashable as in a Python dict
   EXPECT_EQ(error_of(test::from_hex(prefix + "a16181910101")), "unhashable type: 'list'");
 }
 
 TEST(Decoding, DuplicateKeysInBigMapsKeepFirstPositionAndLastValue) {
   std::string json = R"({"type":"RegisterRetMsg","extra_config":{)";
-  for (int i = 0; i < 40; ++i) json += "\"k" + std::to_string(i % 20) + "\":\"v" + std::to_string(i) + "\",";
+  for (int i = 0; i < 40; ++i)
+    json += "\"k" + std::to_string(i % 20) + "\":\"v" + std::to_string(i) + "\",";
   json.back() = '}';
   json += "}";
   auto r = decode(msgpack_of(json));
@@ -121,22 +143,28 @@ TEST(Decoding, DuplicateKeysInBigMapsKeepFirstPositionAndLastValue) {
 }
 
 TEST(Decoding, HugeLengthHeadersFailWithoutAllocating) {
-  // 32-bit headers claiming 4 G entries or bytes in a few bytes of input: truncated, nothing reserved.
+  // 32-bit headers claiming 4 G entries or bytes in a few bytes of input: truncated, nothing
+  // reserved.
   const char* kHuge[] = {
-      "83a474797065b3426174636865645032504c6f6f6b75704d7367a6686173686573ddffffffff",  // hashes: array32
-      "82a474797065ae52656769737465725265744d7367ac65787472615f636f6e666967dfffffffff",  // extra_config: map32
-      "82a474797065a84572726f724d7367a56572726f72dbffffffff",                            // error: str32
+      "83a474797065b3426174636865645032504c6f6f6b75704d7367a6686173686573ddffffffff",  // hashes:
+                                                                                       // array32
+      "82a474797065ae52656769737465725265744d7367ac65787472615f636f6e666967dfffffffff",  // extra_config:
+                                                                                         // map32
+      "82a474797065a84572726f724d7367a56572726f72dbffffffff",  // error: str32
   };
-  for (const char* hex : kHuge) EXPECT_EQ(error_of(test::from_hex(hex)), "Input data was truncated") << hex;
+  for (const char* hex : kHuge)
+    EXPECT_EQ(error_of(test::from_hex(hex)), "Input data was truncated") << hex;
   // bin32 inside a command's Any args
-  auto r = decode_command(test::from_hex(
-      "83ac636f6d6d616e645f74797065a966756c6c5f73796e63a6726561736f6ec0a4617267738" "1a161c6ffffffff"));
+  auto r = decode_command(
+      test::from_hex("83ac636f6d6d616e645f74797065a966756c6c5f73796e63a6726561736f6ec0a4617267738"
+                     "1a161c6ffffffff"));
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().message, "Input data was truncated");
 }
 
 TEST(Decoding, TagMayComeAnywhereAndUnknownKeysAreSkipped) {
-  auto r = decode(msgpack_of(R"({"extra":{"a":[1,2,{"b":null}]},"error":"boom","type":"ErrorMsg"})"));
+  auto r =
+      decode(msgpack_of(R"({"extra":{"a":[1,2,{"b":null}]},"error":"boom","type":"ErrorMsg"})"));
   ASSERT_TRUE(r.ok()) << r.error().message;
   EXPECT_EQ(std::get<ErrorMsg>(*r).error, "boom");
 }
@@ -147,7 +175,8 @@ TEST(Encoding, DefaultsAreAlwaysWritten) {
   EXPECT_EQ(back.dump(),
             R"({"type":"MoveMsg","event_id":"e","old_position":["A","LocalCPUBackend"],)"
             R"("new_position":["B","LocalCPUBackend"],"tokens":null,"copy":false})");
-  EXPECT_EQ(python_class_text("KVAdmitMsg"), "<class 'lmcache.v1.cache_controller.message.KVAdmitMsg'>");
+  EXPECT_EQ(python_class_text("KVAdmitMsg"),
+            "<class 'lmcache.v1.cache_controller.message.KVAdmitMsg'>");
 }
 
 }  // namespace

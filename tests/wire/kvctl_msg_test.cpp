@@ -30,8 +30,10 @@ TEST(KvctlMsg, DecodeHexLinesMatchesEveryDecodeCase) {
     const auto got = nlohmann::json::parse(lines[i]);
     const auto& want = cases[i];
     ASSERT_EQ(got["ok"], want["ok"]) << want["name"] << ": " << lines[i];
-    if (want["ok"].get<bool>()) EXPECT_EQ(got["value"], nlohmann::json(want["value"])) << want["name"];
-    else EXPECT_EQ(got["error"], want["error"]) << want["name"];
+    if (want["ok"].get<bool>())
+      EXPECT_EQ(got["value"], nlohmann::json(want["value"])) << want["name"];
+    else
+      EXPECT_EQ(got["error"], want["error"]) << want["name"];
   }
 }
 
@@ -73,8 +75,10 @@ TEST(KvctlMsg, BadInputPrintsTheErrorAndExits2) {
   auto bad_line = run_process({KVCTL_PATH, "msg", "encode", "--json-lines", "-"},
                               "{\"type\":\"ErrorMsg\",\"error\":\"x\"}\n{\"type\":\"Nope\"}\n");
   EXPECT_EQ(bad_line.exit_code, 2);
-  EXPECT_EQ(lines_of(bad_line.out), (std::vector<std::string>{"82a474797065a84572726f724d7367a56572726f72a178", ""}));
-  EXPECT_NE(bad_line.err.find("line 2: Invalid value 'Nope' - at `$.type`"), std::string::npos) << bad_line.err;
+  EXPECT_EQ(lines_of(bad_line.out),
+            (std::vector<std::string>{"82a474797065a84572726f724d7367a56572726f72a178", ""}));
+  EXPECT_NE(bad_line.err.find("line 2: Invalid value 'Nope' - at `$.type`"), std::string::npos)
+      << bad_line.err;
 
   auto usage = run_process({KVCTL_PATH, "msg", "decode", "--nope"});
   EXPECT_EQ(usage.exit_code, 2);

@@ -19,7 +19,8 @@ TEST(Property, EveryTypeRoundTripsThroughMsgpack) {
       const std::string bytes = encode(msg);
       auto back = decode(bytes);
       ASSERT_TRUE(back.ok()) << tag_of(msg) << ": " << back.error().message;
-      ASSERT_TRUE(*back == msg) << tag_of(msg) << " changed in a round trip: " << to_builtins(msg).dump();
+      ASSERT_TRUE(*back == msg) << tag_of(msg)
+                                << " changed in a round trip: " << to_builtins(msg).dump();
       EXPECT_EQ(encode(*back), bytes) << tag_of(msg);
     }
   }
@@ -71,11 +72,21 @@ TEST(Property, MutatedEncodingsNeverCrash) {
     for (std::size_t m = 0, n = 1 + below(3); m < n; ++m) {
       const std::size_t at = below(bytes.size());
       switch (below(5)) {
-        case 0: bytes[at] = static_cast<char>(rng()); break;
-        case 1: bytes.insert(at, 1, static_cast<char>(rng())); break;
-        case 2: bytes.erase(at, 1 + below(4)); break;
-        case 3: bytes.resize(at); break;
-        default: bytes.insert(at, bytes.substr(below(bytes.size()), below(16))); break;
+        case 0:
+          bytes[at] = static_cast<char>(rng());
+          break;
+        case 1:
+          bytes.insert(at, 1, static_cast<char>(rng()));
+          break;
+        case 2:
+          bytes.erase(at, 1 + below(4));
+          break;
+        case 3:
+          bytes.resize(at);
+          break;
+        default:
+          bytes.insert(at, bytes.substr(below(bytes.size()), below(16)));
+          break;
       }
     }
     auto r = decode(bytes);
@@ -89,8 +100,8 @@ TEST(Property, MutatedEncodingsNeverCrash) {
     ASSERT_TRUE(again.ok()) << again.error().message;
     ASSERT_TRUE(*again == *r);
   }
-  EXPECT_GT(decoded, 100);   // mutations inside string bodies or values still decode
-  EXPECT_GT(rejected, 1000); // and most structural damage is caught
+  EXPECT_GT(decoded, 100);    // mutations inside string bodies or values still decode
+  EXPECT_GT(rejected, 1000);  // and most structural damage is caught
 }
 
 }  // namespace

@@ -6,8 +6,8 @@
 
 namespace kvctl {
 
-void add_msg_commands(CLI::App& app);     // msg decode / msg encode (wire debugging)
-void add_keys_commands(CLI::App& app);    // keys hash / keys format / keys parse
-void add_doctor_command(CLI::App& app);   // doctor: what this host offers (UCX, RDMA, CUDA)
+void add_msg_commands(CLI::App& app);    // msg decode / msg encode (wire debugging)
+void add_keys_commands(CLI::App& app);   // keys hash / keys format / keys parse
+void add_doctor_command(CLI::App& app);  // doctor: what this host offers (UCX, RDMA, CUDA)
 
 }  // namespace kvctl

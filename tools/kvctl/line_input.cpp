@@ -26,7 +26,8 @@ void for_each_line(const std::string& path, BlankLines blanks,
 }
 
 kvnode::Result<std::string> hex_decode(std::string_view hex) {
-  while (!hex.empty() && (hex.back() == ' ' || hex.back() == '\t' || hex.back() == '\n')) hex.remove_suffix(1);
+  while (!hex.empty() && (hex.back() == ' ' || hex.back() == '\t' || hex.back() == '\n'))
+    hex.remove_suffix(1);
   while (!hex.empty() && (hex.front() == ' ' || hex.front() == '\t')) hex.remove_prefix(1);
   if (hex.size() % 2 != 0) return kvnode::make_error("invalid hex: odd number of digits");
   auto nibble = [](char c) -> int {
@@ -39,7 +40,9 @@ kvnode::Result<std::string> hex_decode(std::string_view hex) {
   out.reserve(hex.size() / 2);
   for (std::size_t i = 0; i < hex.size(); i += 2) {
     const int hi = nibble(hex[i]), lo = nibble(hex[i + 1]);
-    if (hi < 0 || lo < 0) return kvnode::make_error("invalid hex: bad digit at offset " + std::to_string(hi < 0 ? i : i + 1));
+    if (hi < 0 || lo < 0)
+      return kvnode::make_error("invalid hex: bad digit at offset " +
+                                std::to_string(hi < 0 ? i : i + 1));
     out.push_back(static_cast<char>(hi << 4 | lo));
   }
   return out;

@@ -32,7 +32,8 @@ Result<Json> decode_to_json(std::string_view payload, Root root) {
       if (!r) return std::move(r).error();
       return w::to_builtins(*r);
     }
-    case Root::kMsg: break;
+    case Root::kMsg:
+      break;
   }
   auto r = w::decode(payload);
   if (!r) return std::move(r).error();
@@ -44,7 +45,8 @@ Result<std::string> encode_json(std::string_view json, Root root) {
   namespace w = kvnode::wire;
   std::string out;
   auto trimmed = json.substr(std::min(json.find_first_not_of(" \t\r\n"), json.size()));
-  if (trimmed.empty() || trimmed.front() != '{') return kvnode::make_error("expected a JSON object");
+  if (trimmed.empty() || trimmed.front() != '{')
+    return kvnode::make_error("expected a JSON object");
   switch (root) {
     case Root::kKVOpEvent: {
       auto r = w::decode_kv_op_event(trimmed);
@@ -58,7 +60,8 @@ Result<std::string> encode_json(std::string_view json, Root root) {
       w::encode(*r, out);
       return out;
     }
-    case Root::kMsg: break;
+    case Root::kMsg:
+      break;
   }
   auto r = w::decode(trimmed);
   if (!r) return std::move(r).error();
@@ -66,7 +69,9 @@ Result<std::string> encode_json(std::string_view json, Root root) {
   return out;
 }
 
-std::string dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+std::string dump(const Json& j) {
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
 
 [[noreturn]] void fail(const std::string& message) {
   std::cerr << "kvctl: " << message << "\n";
@@ -91,11 +96,14 @@ void run_decode(const Options& o) {
   if (o.lines_file) {  // one result per line; errors are data here, so exit 0
     for_each_line(*o.lines_file, BlankLines::kKeep, [&](std::size_t, std::string_view line) {
       auto bytes = hex_decode(line);
-      Result<Json> r = bytes ? decode_to_json(*bytes, o.root) : Result<Json>(std::move(bytes).error());
+      Result<Json> r =
+          bytes ? decode_to_json(*bytes, o.root) : Result<Json>(std::move(bytes).error());
       Json out = Json::object();
       out["ok"] = r.ok();
-      if (r) out["value"] = std::move(*r);
-      else out["error"] = r.error().message;
+      if (r)
+        out["value"] = std::move(*r);
+      else
+        out["error"] = r.error().message;
       std::cout << dump(out) << "\n";
     });
     return;
@@ -130,8 +138,10 @@ void run_encode(const Options& o) {
   const std::string json(std::istreambuf_iterator<char>(std::cin), {});
   auto r = encode_json(json, o.root);
   if (!r) fail(r.error().message);
-  if (o.hex_output) std::cout << hex_encode(*r) << "\n";
-  else std::cout.write(r->data(), static_cast<std::streamsize>(r->size()));
+  if (o.hex_output)
+    std::cout << hex_encode(*r) << "\n";
+  else
+    std::cout.write(r->data(), static_cast<std::streamsize>(r->size()));
 }
 
 }  // namespace
@@ -143,7 +153,9 @@ void add_msg_commands(CLI::App& app) {
   auto decode_opts = std::make_shared<Options>();
   auto* decode = msg->add_subcommand("decode", "msgpack (stdin, --hex or --hex-lines) -> JSON");
   auto* hex = decode->add_option("--hex", decode_opts->hex, "The message as hex");
-  decode->add_option("--hex-lines", decode_opts->lines_file, "File (- = stdin) of hex lines: one JSON result per line")
+  decode
+      ->add_option("--hex-lines", decode_opts->lines_file,
+                   "File (- = stdin) of hex lines: one JSON result per line")
       ->excludes(hex);
   add_root_option(decode, *decode_opts);
   decode->callback([decode_opts] { run_decode(*decode_opts); });
@@ -151,7 +163,8 @@ void add_msg_commands(CLI::App& app) {
   auto encode_opts = std::make_shared<Options>();
   auto* encode = msg->add_subcommand("encode", "JSON (stdin or --json-lines) -> msgpack");
   encode->add_flag("--hex", encode_opts->hex_output, "Print hex instead of raw bytes");
-  encode->add_option("--json-lines", encode_opts->lines_file, "File (- = stdin) of JSON lines: one hex line each");
+  encode->add_option("--json-lines", encode_opts->lines_file,
+                     "File (- = stdin) of JSON lines: one hex line each");
   add_root_option(encode, *encode_opts);
   encode->callback([encode_opts] { run_encode(*encode_opts); });
 }

@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# kvnode developer entry point: ./dev.sh build|test|demo|bench|help
+# Self-sufficient on a fresh Debian 12 machine (as root): installs missing packages first.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$ROOT"
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config clang-14 libclang-rt-14-dev libfuzzer-14-dev
+  libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libucx-dev ucx-utils libibverbs-dev librdmacm-dev
+  rdma-core libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libyaml-cpp-dev
+  libgtest-dev libgmock-dev googletest libbenchmark-dev python3 python3-zmq python3-msgpack
+  iproute2
+)
+
+usage() {
+  cat <<'EOF'
+Usage: ./dev.sh COMMAND
+
+  build   build build/ (RelWithDebInfo); binaries land in build/bin
+  test    build build-sanitize/ (ASan+UBSan) and run ctest, then build build-fuzz/ (clang-14)
+          and run each fuzz_* target for KVNODE_FUZZ_SECONDS in total (default 60)
+  demo    build, then run kvctl doctor and a wire/keys round trip
+  bench   build, then run every build/bin/bench_*
+  help    show this text
+
+Each command first installs missing Debian packages (apt-get, needs root).
+CI=true turns warnings into errors.
+EOF
+}
+
+ensure_packages() {
+  local missing=() pkg
+  for pkg in "${PACKAGES[@]}"; do
+    if [[ "$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null)" != "install ok installed" ]]; then
+      missing+=("$pkg")
+    fi
+  done
+  [[ ${#missing[@]} -eq 0 ]] && return 0
+  echo "== installing: ${missing[*]}"
+  local sudo=()
+  [[ $EUID -ne 0 ]] && sudo=(sudo)
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y --no-install-recommends "${missing[@]}"
+}
+
+# configure DIR [extra cmake args...]: (re)configure a Ninja build folder.
+configure() {
+  local dir="$1"; shift
+  local args=(-G Ninja -DKVNODE_WERROR="$([[ "${CI:-}" == "true" ]] && echo ON || echo OFF)")
+  [[ -d "$ROOT/../shared" ]] && args+=(-DKVNODE_SHARED_DIR="$(cd "$ROOT/../shared" && pwd)")
+  [[ -x /usr/bin/python3 ]] && args+=(-DPython3_EXECUTABLE=/usr/bin/python3)  # Debian's, not pyenv's
+  cmake -S "$ROOT" -B "$dir" --no-warn-unused-cli "${args[@]}" "$@"
+}
+
+build_main() {
+  configure build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVNODE_BUILD_BENCH=ON
+  cmake --build build
+}
+
+# Runs ctest in build-sanitize/; sets PASSED and FAILED from its summary line.
+run_ctest() {
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+  export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+  local log=build-sanitize/ctest.log summary total
+  ctest --test-dir build-sanitize --output-on-failure -j2 2>&1 | tee "$log" || true
+  # e.g. "83% tests passed, 2 tests failed out of 12"
+  summary="$(grep -E 'tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -n1 || true)"
+  if [[ -z "$summary" ]]; then
+    PASSED=0
+    FAILED=$(grep -qi 'no tests were found' "$log" && echo 0 || echo 1)
+    return
+  fi
+  FAILED="$(sed -E 's/.*passed, ([0-9]+) tests? failed.*/\1/' <<<"$summary")"
+  total="$(sed -E 's/.*out of ([0-9]+).*/\1/' <<<"$summary")"
+  PASSED=$((total - FAILED))
+}
+
+# Builds build-fuzz/ (clang-14, libFuzzer): only the wire library and the fuzz targets.
+build_fuzz() {
+  CC=clang-14 CXX=clang++-14 configure build-fuzz -DKVNODE_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
+  cmake --build build-fuzz
+}
+
+# Runs each build-fuzz/bin/fuzz_* on a temp copy of its committed corpus; sets FUZZ_FAILED.
+run_fuzzers() {
+  local targets=() target name seconds work
+  FUZZ_FAILED=0
+  shopt -s nullglob
+  targets=(build-fuzz/bin/fuzz_*)
+  shopt -u nullglob
+  if [[ ${#targets[@]} -eq 0 ]]; then
+    echo "== fuzz: no fuzz_* targets were built"
+    FUZZ_FAILED=1
+    return 0
+  fi
+  seconds=$(( ${KVNODE_FUZZ_SECONDS:-60} / ${#targets[@]} ))
+  (( seconds < 1 )) && seconds=1
+  mkdir -p build-fuzz/artifacts
+  for target in "${targets[@]}"; do
+    name="$(basename "$target")"
+    work="$(mktemp -d)"
+    [[ -d "fuzz/corpus/${name#fuzz_}" ]] && cp -r "fuzz/corpus/${name#fuzz_}/." "$work/"
+    echo "== fuzz: $name for ${seconds}s"
+    if ! "$target" -max_len=65536 -timeout=10 -rss_limit_mb=2048 -max_total_time="$seconds" \
+        -artifact_prefix="build-fuzz/artifacts/$name-" "$work"; then
+      echo "== fuzz: $name FAILED (reproducer in build-fuzz/artifacts/)"
+      FUZZ_FAILED=$((FUZZ_FAILED + 1))
+    fi
+    rm -rf "$work"
+  done
+  echo "== fuzz: ${#targets[@]} target(s), $FUZZ_FAILED failed"
+}
+
+cmd_build() {
+  build_main
+  echo "== binaries in build/bin"
+}
+
+cmd_test() {
+  configure build-sanitize -DCMAKE_BUILD_TYPE=Sanitize -DKVNODE_BUILD_BENCH=OFF
+  cmake --build build-sanitize
+  build_fuzz
+  run_ctest
+  run_fuzzers
+  echo "$PASSED passed, $FAILED failed"
+  [[ "$FAILED" -eq 0 && "$FUZZ_FAILED" -eq 0 ]]
+}
+
+cmd_demo() {
+  build_main
+  local kvctl=build/bin/kvctl msg hex tokens
+  echo; echo "== kvctl doctor: what this host offers"
+  "$kvctl" doctor
+  msg='{"type":"KVAdmitMsg","instance_id":"demo","worker_id":0,"key":-7693565463539782743,"location":"LocalCPUBackend","seq_num":0}'
+  echo; echo "== kvctl msg encode --hex  (JSON -> msgpack, as LMCache sends it)"
+  echo "$msg"
+  hex="$("$kvctl" msg encode --hex <<<"$msg")"
+  echo "$hex"
+  echo; echo "== kvctl msg decode --hex  (msgpack -> JSON)"
+  "$kvctl" msg decode --hex "$hex"
+  echo; echo "== kvctl keys hash: 600 tokens, chunk size 256 -> 3 chunk hashes"
+  tokens="$(seq -s, 0 599)"
+  "$kvctl" keys hash --json-lines - <<<\
+"{\"tokens\":[$tokens],\"chunk_size\":256,\"save_unfull_chunk\":true,\"init_hash\":0}"
+}
+
+cmd_bench() {
+  build_main
+  local benches=() bench
+  shopt -s nullglob
+  benches=(build/bin/bench_*)
+  shopt -u nullglob
+  [[ ${#benches[@]} -eq 0 ]] && { echo "== no build/bin/bench_* yet"; return 0; }
+  for bench in "${benches[@]}"; do
+    echo "== $bench"
+    "$bench" --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+  done
+}
+
+main() {
+  local cmd="${1:-help}"
+  case "$cmd" in
+    build|test|demo|bench) ensure_packages; "cmd_$cmd" ;;
+    help|-h|--help) usage ;;
+    *) usage >&2; exit 2 ;;
+  esac
+}
+
+main "$@"

@@ -1,0 +1,21 @@
+// UCX discovery. The transfer plane moves chunks with UCX; this probe reports the UCX library
+// version, the transport resources a UCP context would use on this host (e.g. "tcp/eth0",
+// "cma/memory", "rc_mlx5/mlx5_0:1") and the memory types it can move (host, cuda, ...).
+// It never aborts: if UCX cannot start, `note` says why.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace kvnode::transfer {
+
+struct UcxProbe {
+  std::string version;                    // "1.13.1"
+  std::vector<std::string> transports;    // "transport/device", or the UCX_TLS value
+  std::vector<std::string> memory_types;  // "host", "cuda", "cuda-managed", "rocm", ...
+  std::string note;                       // problems met while probing, empty when none
+};
+
+UcxProbe probe_ucx();
+
+}  // namespace kvnode::transfer
