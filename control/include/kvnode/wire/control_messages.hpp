@@ -29,16 +29,23 @@ struct ClearWorkerMsg {
   friend bool operator==(const ClearWorkerMsg&, const ClearWorkerMsg&) = default;
 };
 
-struct ClearWorkerRetMsg {
+// A worker's reply to a control request: the tokens it processed.
+template <TagName kName>
+struct WorkerTokensRetMsg {
   static constexpr std::string_view kTagKey = "type";
-  static constexpr std::string_view kTag = "ClearWorkerRetMsg";
+  static constexpr std::string_view kTag = kName.view();
   std::int64_t num_tokens = 0;
 
   static constexpr auto fields() {
-    return std::tuple{required("num_tokens", &ClearWorkerRetMsg::num_tokens)};
+    return std::tuple{required("num_tokens", &WorkerTokensRetMsg::num_tokens)};
   }
-  friend bool operator==(const ClearWorkerRetMsg&, const ClearWorkerRetMsg&) = default;
+  friend bool operator==(const WorkerTokensRetMsg&, const WorkerTokensRetMsg&) = default;
 };
+using ClearWorkerRetMsg = WorkerTokensRetMsg<"ClearWorkerRetMsg">;
+using PinWorkerRetMsg = WorkerTokensRetMsg<"PinWorkerRetMsg">;
+using CompressWorkerRetMsg = WorkerTokensRetMsg<"CompressWorkerRetMsg">;
+using DecompressWorkerRetMsg = WorkerTokensRetMsg<"DecompressWorkerRetMsg">;
+using MoveWorkerRetMsg = WorkerTokensRetMsg<"MoveWorkerRetMsg">;
 
 struct PinWorkerMsg {
   static constexpr std::string_view kTagKey = "type";
@@ -55,72 +62,26 @@ struct PinWorkerMsg {
   friend bool operator==(const PinWorkerMsg&, const PinWorkerMsg&) = default;
 };
 
-struct PinWorkerRetMsg {
+// Re-encode the pinned prefix of `tokens` in place with `method` (only "cachegen" upstream).
+template <TagName kName>
+struct CodecWorkerMsg {
   static constexpr std::string_view kTagKey = "type";
-  static constexpr std::string_view kTag = "PinWorkerRetMsg";
-  std::int64_t num_tokens = 0;
-
-  static constexpr auto fields() {
-    return std::tuple{required("num_tokens", &PinWorkerRetMsg::num_tokens)};
-  }
-  friend bool operator==(const PinWorkerRetMsg&, const PinWorkerRetMsg&) = default;
-};
-
-struct CompressWorkerMsg {
-  static constexpr std::string_view kTagKey = "type";
-  static constexpr std::string_view kTag = "CompressWorkerMsg";
+  static constexpr std::string_view kTag = kName.view();
   std::string worker_event_id;
   std::string method;
   std::string location;
   std::optional<std::vector<std::int64_t>> tokens;
 
   static constexpr auto fields() {
-    return std::tuple{required("worker_event_id", &CompressWorkerMsg::worker_event_id),
-                      required("method", &CompressWorkerMsg::method),
-                      required("location", &CompressWorkerMsg::location),
-                      defaulted("tokens", &CompressWorkerMsg::tokens)};
+    return std::tuple{required("worker_event_id", &CodecWorkerMsg::worker_event_id),
+                      required("method", &CodecWorkerMsg::method),
+                      required("location", &CodecWorkerMsg::location),
+                      defaulted("tokens", &CodecWorkerMsg::tokens)};
   }
-  friend bool operator==(const CompressWorkerMsg&, const CompressWorkerMsg&) = default;
+  friend bool operator==(const CodecWorkerMsg&, const CodecWorkerMsg&) = default;
 };
-
-struct CompressWorkerRetMsg {
-  static constexpr std::string_view kTagKey = "type";
-  static constexpr std::string_view kTag = "CompressWorkerRetMsg";
-  std::int64_t num_tokens = 0;
-
-  static constexpr auto fields() {
-    return std::tuple{required("num_tokens", &CompressWorkerRetMsg::num_tokens)};
-  }
-  friend bool operator==(const CompressWorkerRetMsg&, const CompressWorkerRetMsg&) = default;
-};
-
-struct DecompressWorkerMsg {
-  static constexpr std::string_view kTagKey = "type";
-  static constexpr std::string_view kTag = "DecompressWorkerMsg";
-  std::string worker_event_id;
-  std::string method;
-  std::string location;
-  std::optional<std::vector<std::int64_t>> tokens;
-
-  static constexpr auto fields() {
-    return std::tuple{required("worker_event_id", &DecompressWorkerMsg::worker_event_id),
-                      required("method", &DecompressWorkerMsg::method),
-                      required("location", &DecompressWorkerMsg::location),
-                      defaulted("tokens", &DecompressWorkerMsg::tokens)};
-  }
-  friend bool operator==(const DecompressWorkerMsg&, const DecompressWorkerMsg&) = default;
-};
-
-struct DecompressWorkerRetMsg {
-  static constexpr std::string_view kTagKey = "type";
-  static constexpr std::string_view kTag = "DecompressWorkerRetMsg";
-  std::int64_t num_tokens = 0;
-
-  static constexpr auto fields() {
-    return std::tuple{required("num_tokens", &DecompressWorkerRetMsg::num_tokens)};
-  }
-  friend bool operator==(const DecompressWorkerRetMsg&, const DecompressWorkerRetMsg&) = default;
-};
+using CompressWorkerMsg = CodecWorkerMsg<"CompressWorkerMsg">;
+using DecompressWorkerMsg = CodecWorkerMsg<"DecompressWorkerMsg">;
 
 struct MoveWorkerMsg {
   static constexpr std::string_view kTagKey = "type";
@@ -139,17 +100,6 @@ struct MoveWorkerMsg {
                       defaulted("copy", &MoveWorkerMsg::copy)};
   }
   friend bool operator==(const MoveWorkerMsg&, const MoveWorkerMsg&) = default;
-};
-
-struct MoveWorkerRetMsg {
-  static constexpr std::string_view kTagKey = "type";
-  static constexpr std::string_view kTag = "MoveWorkerRetMsg";
-  std::int64_t num_tokens = 0;
-
-  static constexpr auto fields() {
-    return std::tuple{required("num_tokens", &MoveWorkerRetMsg::num_tokens)};
-  }
-  friend bool operator==(const MoveWorkerRetMsg&, const MoveWorkerRetMsg&) = default;
 };
 
 struct HealthWorkerMsg {

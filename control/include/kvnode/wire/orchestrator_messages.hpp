@@ -83,18 +83,26 @@ struct ClearMsg {
   friend bool operator==(const ClearMsg&, const ClearMsg&) = default;
 };
 
-struct ClearRetMsg {
+// The controller's reply to a fan-out operation: the orchestrator's event id and the tokens
+// processed.
+template <TagName kName>
+struct TokensRetMsg {
   static constexpr std::string_view kTagKey = "type";
-  static constexpr std::string_view kTag = "ClearRetMsg";
+  static constexpr std::string_view kTag = kName.view();
   std::string event_id;
   std::int64_t num_tokens = 0;
 
   static constexpr auto fields() {
-    return std::tuple{required("event_id", &ClearRetMsg::event_id),
-                      required("num_tokens", &ClearRetMsg::num_tokens)};
+    return std::tuple{required("event_id", &TokensRetMsg::event_id),
+                      required("num_tokens", &TokensRetMsg::num_tokens)};
   }
-  friend bool operator==(const ClearRetMsg&, const ClearRetMsg&) = default;
+  friend bool operator==(const TokensRetMsg&, const TokensRetMsg&) = default;
 };
+using ClearRetMsg = TokensRetMsg<"ClearRetMsg">;
+using PinRetMsg = TokensRetMsg<"PinRetMsg">;
+using CompressRetMsg = TokensRetMsg<"CompressRetMsg">;
+using DecompressRetMsg = TokensRetMsg<"DecompressRetMsg">;
+using MoveRetMsg = TokensRetMsg<"MoveRetMsg">;
 
 struct PinMsg {
   static constexpr std::string_view kTagKey = "type";
@@ -112,22 +120,11 @@ struct PinMsg {
   friend bool operator==(const PinMsg&, const PinMsg&) = default;
 };
 
-struct PinRetMsg {
+// Compress or decompress an instance's KV at a location (fanned out as CodecWorkerMsg).
+template <TagName kName>
+struct CodecMsg {
   static constexpr std::string_view kTagKey = "type";
-  static constexpr std::string_view kTag = "PinRetMsg";
-  std::string event_id;
-  std::int64_t num_tokens = 0;
-
-  static constexpr auto fields() {
-    return std::tuple{required("event_id", &PinRetMsg::event_id),
-                      required("num_tokens", &PinRetMsg::num_tokens)};
-  }
-  friend bool operator==(const PinRetMsg&, const PinRetMsg&) = default;
-};
-
-struct CompressMsg {
-  static constexpr std::string_view kTagKey = "type";
-  static constexpr std::string_view kTag = "CompressMsg";
+  static constexpr std::string_view kTag = kName.view();
   std::string event_id;
   std::string instance_id;
   std::string method;
@@ -135,59 +132,15 @@ struct CompressMsg {
   std::optional<std::vector<std::int64_t>> tokens;
 
   static constexpr auto fields() {
-    return std::tuple{required("event_id", &CompressMsg::event_id),
-                      required("instance_id", &CompressMsg::instance_id),
-                      required("method", &CompressMsg::method),
-                      required("location", &CompressMsg::location),
-                      defaulted("tokens", &CompressMsg::tokens)};
+    return std::tuple{
+        required("event_id", &CodecMsg::event_id), required("instance_id", &CodecMsg::instance_id),
+        required("method", &CodecMsg::method), required("location", &CodecMsg::location),
+        defaulted("tokens", &CodecMsg::tokens)};
   }
-  friend bool operator==(const CompressMsg&, const CompressMsg&) = default;
+  friend bool operator==(const CodecMsg&, const CodecMsg&) = default;
 };
-
-struct CompressRetMsg {
-  static constexpr std::string_view kTagKey = "type";
-  static constexpr std::string_view kTag = "CompressRetMsg";
-  std::string event_id;
-  std::int64_t num_tokens = 0;
-
-  static constexpr auto fields() {
-    return std::tuple{required("event_id", &CompressRetMsg::event_id),
-                      required("num_tokens", &CompressRetMsg::num_tokens)};
-  }
-  friend bool operator==(const CompressRetMsg&, const CompressRetMsg&) = default;
-};
-
-struct DecompressMsg {
-  static constexpr std::string_view kTagKey = "type";
-  static constexpr std::string_view kTag = "DecompressMsg";
-  std::string event_id;
-  std::string instance_id;
-  std::string method;
-  std::string location;
-  std::optional<std::vector<std::int64_t>> tokens;
-
-  static constexpr auto fields() {
-    return std::tuple{required("event_id", &DecompressMsg::event_id),
-                      required("instance_id", &DecompressMsg::instance_id),
-                      required("method", &DecompressMsg::method),
-                      required("location", &DecompressMsg::location),
-                      defaulted("tokens", &DecompressMsg::tokens)};
-  }
-  friend bool operator==(const DecompressMsg&, const DecompressMsg&) = default;
-};
-
-struct DecompressRetMsg {
-  static constexpr std::string_view kTagKey = "type";
-  static constexpr std::string_view kTag = "DecompressRetMsg";
-  std::string event_id;
-  std::int64_t num_tokens = 0;
-
-  static constexpr auto fields() {
-    return std::tuple{required("event_id", &DecompressRetMsg::event_id),
-                      required("num_tokens", &DecompressRetMsg::num_tokens)};
-  }
-  friend bool operator==(const DecompressRetMsg&, const DecompressRetMsg&) = default;
-};
+using CompressMsg = CodecMsg<"CompressMsg">;
+using DecompressMsg = CodecMsg<"DecompressMsg">;
 
 struct MoveMsg {
   static constexpr std::string_view kTagKey = "type";
@@ -205,19 +158,6 @@ struct MoveMsg {
                       defaulted("tokens", &MoveMsg::tokens), defaulted("copy", &MoveMsg::copy)};
   }
   friend bool operator==(const MoveMsg&, const MoveMsg&) = default;
-};
-
-struct MoveRetMsg {
-  static constexpr std::string_view kTagKey = "type";
-  static constexpr std::string_view kTag = "MoveRetMsg";
-  std::string event_id;
-  std::int64_t num_tokens = 0;
-
-  static constexpr auto fields() {
-    return std::tuple{required("event_id", &MoveRetMsg::event_id),
-                      required("num_tokens", &MoveRetMsg::num_tokens)};
-  }
-  friend bool operator==(const MoveRetMsg&, const MoveRetMsg&) = default;
 };
 
 struct HealthMsg {

@@ -3,6 +3,7 @@
 // those lists, so every message is encoded and decoded by the same audited code.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 #include <utility>
@@ -29,6 +30,18 @@ template <class S, class M>
 constexpr Field<S, M> defaulted(std::string_view name, M S::*member) {
   return {name, member, Presence::kDefaulted};
 }
+
+// A tag as a template argument: messages of one shape (KVAdmitMsg and KVEvictMsg, the five
+// *RetMsg replies, ...) share one definition and stay distinct types, e.g.
+// `using KVAdmitMsg = KVOpMsg<"KVAdmitMsg">;`.
+template <std::size_t N>
+struct TagName {
+  char chars[N]{};
+  constexpr TagName(const char (&s)[N]) {  // NOLINT: implicit, so a string literal is the argument
+    for (std::size_t i = 0; i < N; ++i) chars[i] = s[i];
+  }
+  constexpr std::string_view view() const { return {chars, N - 1}; }
+};
 
 // A map that keeps insertion order and lets a later duplicate key replace the value in place,
 // as a Python dict does when msgspec decodes one.

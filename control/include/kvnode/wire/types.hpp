@@ -103,32 +103,21 @@ struct LookupLayout {
 
 // ---- Heartbeat commands (only inside HeartbeatRetMsg.commands) ----
 
-struct FullSyncCommand {
+// A heartbeat command; HeartbeatCommand (the base class) decodes but a worker cannot execute it.
+template <TagName kName>
+struct Command {
   static constexpr std::string_view kTagKey = "command_type";
-  static constexpr std::string_view kTag = "full_sync";
+  static constexpr std::string_view kTag = kName.view();
   std::optional<std::string> reason;  // controller_restart, worker_re_registered, sync_failed_retry
   std::optional<Dict<std::string, AnyValue>> args;
 
   static constexpr auto fields() {
-    return std::tuple{defaulted("reason", &FullSyncCommand::reason),
-                      defaulted("args", &FullSyncCommand::args)};
+    return std::tuple{defaulted("reason", &Command::reason), defaulted("args", &Command::args)};
   }
-  friend bool operator==(const FullSyncCommand&, const FullSyncCommand&) = default;
+  friend bool operator==(const Command&, const Command&) = default;
 };
-
-// The base class; it decodes, but a worker cannot execute it.
-struct HeartbeatCommand {
-  static constexpr std::string_view kTagKey = "command_type";
-  static constexpr std::string_view kTag = "HeartbeatCommand";
-  std::optional<std::string> reason;
-  std::optional<Dict<std::string, AnyValue>> args;
-
-  static constexpr auto fields() {
-    return std::tuple{defaulted("reason", &HeartbeatCommand::reason),
-                      defaulted("args", &HeartbeatCommand::args)};
-  }
-  friend bool operator==(const HeartbeatCommand&, const HeartbeatCommand&) = default;
-};
+using FullSyncCommand = Command<"full_sync">;
+using HeartbeatCommand = Command<"HeartbeatCommand">;
 
 using AnyCommand = std::variant<FullSyncCommand, HeartbeatCommand>;
 

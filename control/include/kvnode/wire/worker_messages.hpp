@@ -89,9 +89,11 @@ struct FullSyncEndMsg {
   friend bool operator==(const FullSyncEndMsg&, const FullSyncEndMsg&) = default;
 };
 
-struct KVAdmitMsg {
+// A single admit or evict (legacy; the controller applies it as a one-op batch).
+template <TagName kName>
+struct KVOpMsg {
   static constexpr std::string_view kTagKey = "type";
-  static constexpr std::string_view kTag = "KVAdmitMsg";
+  static constexpr std::string_view kTag = kName.view();
   std::string instance_id;
   std::int64_t worker_id = 0;
   ChunkHash key;
@@ -99,37 +101,23 @@ struct KVAdmitMsg {
   std::int64_t seq_num = 0;
 
   static constexpr auto fields() {
-    return std::tuple{
-        required("instance_id", &KVAdmitMsg::instance_id),
-        required("worker_id", &KVAdmitMsg::worker_id), required("key", &KVAdmitMsg::key),
-        required("location", &KVAdmitMsg::location), defaulted("seq_num", &KVAdmitMsg::seq_num)};
+    return std::tuple{required("instance_id", &KVOpMsg::instance_id),
+                      required("worker_id", &KVOpMsg::worker_id), required("key", &KVOpMsg::key),
+                      required("location", &KVOpMsg::location),
+                      defaulted("seq_num", &KVOpMsg::seq_num)};
   }
-  friend bool operator==(const KVAdmitMsg&, const KVAdmitMsg&) = default;
+  friend bool operator==(const KVOpMsg&, const KVOpMsg&) = default;
 };
-
-struct KVEvictMsg {
-  static constexpr std::string_view kTagKey = "type";
-  static constexpr std::string_view kTag = "KVEvictMsg";
-  std::string instance_id;
-  std::int64_t worker_id = 0;
-  ChunkHash key;
-  std::string location;
-  std::int64_t seq_num = 0;
-
-  static constexpr auto fields() {
-    return std::tuple{
-        required("instance_id", &KVEvictMsg::instance_id),
-        required("worker_id", &KVEvictMsg::worker_id), required("key", &KVEvictMsg::key),
-        required("location", &KVEvictMsg::location), defaulted("seq_num", &KVEvictMsg::seq_num)};
-  }
-  friend bool operator==(const KVEvictMsg&, const KVEvictMsg&) = default;
-};
+using KVAdmitMsg = KVOpMsg<"KVAdmitMsg">;
+using KVEvictMsg = KVOpMsg<"KVEvictMsg">;
 
 // ---- Worker -> controller over DEALER -> ROUTER, and their replies ----
 
-struct RegisterMsg {
+// Who a worker is and where to reach it: sent to register, and with every heartbeat.
+template <TagName kName>
+struct WorkerAddressMsg {
   static constexpr std::string_view kTagKey = "type";
-  static constexpr std::string_view kTag = "RegisterMsg";
+  static constexpr std::string_view kTag = kName.view();
   std::string instance_id;
   std::int64_t worker_id = 0;
   std::string ip;
@@ -137,13 +125,16 @@ struct RegisterMsg {
   std::optional<std::string> peer_init_url;
 
   static constexpr auto fields() {
-    return std::tuple{required("instance_id", &RegisterMsg::instance_id),
-                      required("worker_id", &RegisterMsg::worker_id),
-                      required("ip", &RegisterMsg::ip), required("port", &RegisterMsg::port),
-                      required("peer_init_url", &RegisterMsg::peer_init_url)};
+    return std::tuple{required("instance_id", &WorkerAddressMsg::instance_id),
+                      required("worker_id", &WorkerAddressMsg::worker_id),
+                      required("ip", &WorkerAddressMsg::ip),
+                      required("port", &WorkerAddressMsg::port),
+                      required("peer_init_url", &WorkerAddressMsg::peer_init_url)};
   }
-  friend bool operator==(const RegisterMsg&, const RegisterMsg&) = default;
+  friend bool operator==(const WorkerAddressMsg&, const WorkerAddressMsg&) = default;
 };
+using RegisterMsg = WorkerAddressMsg<"RegisterMsg">;
+using HeartbeatMsg = WorkerAddressMsg<"HeartbeatMsg">;
 
 struct RegisterRetMsg {
   static constexpr std::string_view kTagKey = "type";
@@ -154,24 +145,6 @@ struct RegisterRetMsg {
     return std::tuple{defaulted("extra_config", &RegisterRetMsg::extra_config)};
   }
   friend bool operator==(const RegisterRetMsg&, const RegisterRetMsg&) = default;
-};
-
-struct HeartbeatMsg {
-  static constexpr std::string_view kTagKey = "type";
-  static constexpr std::string_view kTag = "HeartbeatMsg";
-  std::string instance_id;
-  std::int64_t worker_id = 0;
-  std::string ip;
-  std::int64_t port = 0;
-  std::optional<std::string> peer_init_url;
-
-  static constexpr auto fields() {
-    return std::tuple{required("instance_id", &HeartbeatMsg::instance_id),
-                      required("worker_id", &HeartbeatMsg::worker_id),
-                      required("ip", &HeartbeatMsg::ip), required("port", &HeartbeatMsg::port),
-                      required("peer_init_url", &HeartbeatMsg::peer_init_url)};
-  }
-  friend bool operator==(const HeartbeatMsg&, const HeartbeatMsg&) = default;
 };
 
 struct HeartbeatRetMsg {
