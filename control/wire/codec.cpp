@@ -15,7 +15,14 @@ Result<T> decode_root(std::string_view data, bool from_json) {
   DecodeContext ctx(data, from_json);
   T out{};
   Item it;
-  bool ok = ctx.next(it) && detail::decode_item(ctx, it, out, PathNode{});
+  bool ok = false;
+  try {
+    ok = ctx.next(it) && detail::decode_item(ctx, it, out, PathNode{});
+  } catch (
+      const std::bad_alloc&) {  // the input is bounded, but memory may be short: answer, don't die
+    ok = ctx.fail_plain("out of memory while decoding a " + std::to_string(data.size()) +
+                        "-byte message");
+  }
   if (ok && !ctx.reader.at_end()) {
     ok = ctx.fail_plain("MessagePack data is malformed: trailing characters (byte " +
                         std::to_string(ctx.reader.offset()) + ")");

@@ -91,9 +91,9 @@ std::string key_identity(const AnyValue& v) {
 }
 
 bool decode_any_map(DecodeContext& ctx, std::uint32_t count, AnyValue::Map& map) {
-  map.reserve(std::min<std::size_t>(count, ctx.reader.remaining() / 2));
-  std::unordered_map<std::string, std::size_t> index;
-  const bool use_index = count > 16;
+  // No reserve: Any containers nest, and each level reserving against the same remaining bytes
+  // would multiply what a few length headers can make the decoder allocate.
+  std::vector<std::string> identities;
   for (std::uint32_t i = 0; i < count; ++i) {
     Item key_item, value_item;
     AnyValue key, value;
@@ -106,18 +106,10 @@ bool decode_any_map(DecodeContext& ctx, std::uint32_t count, AnyValue::Map& map)
         !decode_any(ctx, value_item, value)) {
       return false;
     }
-    std::size_t slot = map.size();
-    if (use_index) {
-      slot = index.try_emplace(key_identity(key), map.size()).first->second;
-    } else {
-      for (std::size_t j = 0; j < map.size(); ++j)
-        if (map[j].first == key) slot = j;
-    }
-    if (slot == map.size())
-      map.emplace_back(std::move(key), std::move(value));
-    else
-      map[slot].second = std::move(value);
+    identities.push_back(key_identity(key));
+    map.emplace_back(std::move(key), std::move(value));
   }
+  keep_last_of_duplicates(map, identities);
   return true;
 }
 
@@ -148,8 +140,7 @@ bool decode_any(DecodeContext& ctx, const Item& it, AnyValue& out) {
       return ctx.fail_plain("MessagePack extension types are not supported");
     case Kind::kArray: {
       if (!ctx.enter()) return false;
-      auto& arr = out.value.emplace<AnyValue::Array>();
-      arr.reserve(std::min<std::size_t>(it.count, ctx.reader.remaining()));
+      auto& arr = out.value.emplace<AnyValue::Array>();  // no reserve: see decode_any_map
       for (std::uint32_t i = 0; i < it.count; ++i) {
         Item child;
         if (!ctx.next(child) || !decode_any(ctx, child, arr.emplace_back())) return false;

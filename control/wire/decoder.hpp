@@ -13,7 +13,6 @@
 #include <string>
 #include <string_view>
 #include <tuple>
-#include <unordered_map>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -97,6 +96,28 @@ template <class T>
 concept TaggedStruct = MapStruct<T> && requires {
   T::kTagKey;
 };
+
+// The fewest bytes a value of T can take on the wire. Vectors reserve at most remaining / this, so
+// a length header cannot make the decoder allocate more than a small multiple of the input.
+template <class T>
+constexpr std::size_t min_wire_size() {
+  if constexpr (TupleStruct<T>) {
+    return std::apply(
+        [](const auto&... f) {
+          return (std::size_t{1} + ... + min_wire_size<typename std::decay_t<decltype(f)>::type>());
+        },
+        T::fields());
+  } else if constexpr (MapStruct<T>) {
+    return std::apply(
+        [](const auto&... f) {
+          return (std::size_t{1} + ... +
+                  (f.presence == Presence::kRequired ? 1 + f.name.size() + 1 : std::size_t{0}));
+        },
+        T::fields());
+  } else {
+    return 1;
+  }
+}
 
 template <class T>
 constexpr std::string_view type_name() {
@@ -318,8 +339,7 @@ bool decode_vector(DecodeContext& ctx, std::uint32_t count, std::vector<T>& out,
                    const PathNode& at) {
   if (!ctx.enter()) return false;
   out.clear();
-  // Every element takes at least one byte: never reserve beyond what the input can hold.
-  out.reserve(std::min<std::size_t>(count, ctx.reader.remaining()));
+  out.reserve(std::min<std::size_t>(count, ctx.reader.remaining() / min_wire_size<T>()));
   for (std::uint32_t i = 0; i < count; ++i) {
     if (!decode_value(ctx, out.emplace_back(), PathNode{&at, PathNode::Kind::kIndex, {}, i}))
       return false;
@@ -350,13 +370,43 @@ inline bool decode_dict_key(DecodeContext& ctx, const Item& it, std::int64_t& ou
   return true;
 }
 
+// Python dict semantics for repeated keys: the first position keeps the last value. Sorting (not
+// hashing) finds the repeats, so keys chosen by a peer cannot degrade it: O(n log n) at worst.
+template <class Pair, class Key>
+void keep_last_of_duplicates(std::vector<Pair>& items, const std::vector<Key>& keys) {
+  const std::size_t n = items.size();
+  if (n < 2) return;
+  std::vector<std::size_t> order(n);
+  for (std::size_t i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return keys[a] < keys[b]; });
+  std::vector<bool> drop(n, false);
+  for (std::size_t run = 0; run < n;) {
+    std::size_t end = run + 1;
+    while (end < n && !(keys[order[run]] < keys[order[end]])) ++end;
+    if (end - run > 1) {  // order[run] is the first position, order[end - 1] the last value
+      items[order[run]].second = std::move(items[order[end - 1]].second);
+      for (std::size_t k = run + 1; k < end; ++k) drop[order[k]] = true;
+    }
+    run = end;
+  }
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (drop[i]) continue;
+    if (kept != i) items[kept] = std::move(items[i]);  // never self-move: it empties strings
+    ++kept;
+  }
+  items.erase(items.begin() + static_cast<std::ptrdiff_t>(kept), items.end());
+}
+
 template <class K, class V>
 bool decode_dict(DecodeContext& ctx, std::uint32_t count, Dict<K, V>& out, const PathNode& at) {
   if (!ctx.enter()) return false;
   out.items.clear();
-  out.items.reserve(std::min<std::size_t>(count, ctx.reader.remaining() / 2));
-  std::unordered_map<K, std::size_t> index;  // duplicate keys replace in place; only for big maps
-  const bool use_index = count > 16;
+  out.items.reserve(
+      std::min<std::size_t>(count, ctx.reader.remaining() / (1 + min_wire_size<V>())));
+  std::vector<K> keys;
+  keys.reserve(out.items.capacity());
   for (std::uint32_t i = 0; i < count; ++i) {
     Item key_item;
     K key{};
@@ -365,14 +415,10 @@ bool decode_dict(DecodeContext& ctx, std::uint32_t count, Dict<K, V>& out, const
         !decode_value(ctx, value, PathNode{&at, PathNode::Kind::kDictValue, {}, 0})) {
       return false;
     }
-    if (!use_index) {
-      out.set(std::move(key), std::move(value));
-    } else if (auto [pos, fresh] = index.try_emplace(key, out.items.size()); fresh) {
-      out.items.emplace_back(std::move(key), std::move(value));
-    } else {
-      out.items[pos->second].second = std::move(value);
-    }
+    keys.push_back(key);
+    out.items.emplace_back(std::move(key), std::move(value));
   }
+  keep_last_of_duplicates(out.items, keys);
   ctx.leave();
   return true;
 }

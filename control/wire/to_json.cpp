@@ -75,7 +75,8 @@ Json any_json(const AnyValue& v) {
           return a;
         } else if constexpr (std::is_same_v<T, AnyValue::Map>) {
           Json o = Json::object();
-          for (const auto& [k, val] : x) o[key_string(k)] = any_json(val);
+          auto& members = o.get_ref<Json::object_t&>();  // append: operator[] would search linearly
+          for (const auto& [k, val] : x) members.emplace_back(key_string(k), any_json(val));
           return o;
         } else {
           return Json(x);

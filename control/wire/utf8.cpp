@@ -59,7 +59,9 @@ std::optional<std::string> utf8_error(std::string_view s) {
       if (i + k >= n) return describe(s, i, n, "unexpected end of data");
       const std::uint8_t c = p[i + k];
       const bool ok = k == 1 ? (c >= lo && c <= hi) : (c >= 0x80 && c <= 0xbf);
-      if (!ok) return describe(s, i, i + 1, "invalid continuation byte");
+      if (!ok)
+        return describe(s, i, i + k,
+                        "invalid continuation byte");  // CPython names the valid prefix
     }
     i += len;
   }

@@ -162,6 +162,33 @@ TEST(Decoding, HugeLengthHeadersFailWithoutAllocating) {
   EXPECT_EQ(r.error().message, "Input data was truncated");
 }
 
+TEST(Decoding, NestedHugeHeadersDoNotMultiplyReservations) {
+  // args: {"a": [[[... 990 arrays each claiming 2^32-1 elements ...]]]} followed by 4 MiB of zeros.
+  // Reserving against the bytes left at every level would ask for hundreds of GB.
+  std::string bytes = test::from_hex(
+      "82a474797065af4865617274626561745265744d7367a8636f6d6d616e64739182ac636f6d6d616e645f74797065a966756c6c5f73796e63"
+      "a46172677381a161");
+  for (int i = 0; i < 990; ++i) bytes += test::from_hex("ddffffffff");
+  bytes.append(4 << 20, '\0');
+  EXPECT_EQ(error_of(bytes), "Input data was truncated");
+}
+
+TEST(Decoding, RepeatedIntKeysKeepFirstPositionAndLastValue) {
+  // error_codes with 1000 entries over 7 distinct keys: sorted, not hashed, so chosen keys are cheap.
+  std::string json = R"({"type":"HealthRetMsg","event_id":"e","error_codes":{)";
+  for (int i = 0; i < 1000; ++i) json += "\"" + std::to_string((i % 7) * 172933) + "\":" + std::to_string(i) + ",";
+  json.back() = '}';
+  json += "}";
+  auto r = decode(json);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  const auto& codes = std::get<HealthRetMsg>(*r).error_codes;
+  ASSERT_EQ(codes.size(), 7u);
+  for (int k = 0; k < 7; ++k) {
+    EXPECT_EQ(codes.items[static_cast<std::size_t>(k)].first, k * 172933);
+    EXPECT_EQ(codes.items[static_cast<std::size_t>(k)].second, 994 + k - (k >= 6 ? 7 : 0));
+  }
+}
+
 TEST(Decoding, TagMayComeAnywhereAndUnknownKeysAreSkipped) {
   auto r =
       decode(msgpack_of(R"({"extra":{"a":[1,2,{"b":null}]},"error":"boom","type":"ErrorMsg"})"));

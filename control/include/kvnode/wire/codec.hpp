@@ -4,7 +4,9 @@
 // keys, missing defaulted fields, non-canonical widths, last duplicate wins) and rejects the rest
 // with msgspec's error text and path, e.g. "Expected `int`, got `str` - at `$.operations[1].key`".
 // A payload whose first byte is '{' is JSON and decodes to the same types by the same rules.
-// Hostile input is safe: lengths are checked before anything is reserved, nesting is bounded.
+// Hostile input is safe: reservations are bounded by the bytes left over the element's smallest
+// wire size (none for schemaless nested values), repeated keys are found by sorting, nesting is
+// bounded, and running out of memory is an error, not a crash.
 #pragma once
 
 #include <string>

@@ -17,6 +17,7 @@ enum class Presence : std::uint8_t { kRequired, kDefaulted };
 
 template <class S, class M>
 struct Field {
+  using type = M;
   std::string_view name;
   M S::*member;
   Presence presence;
