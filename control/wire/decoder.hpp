@@ -64,24 +64,7 @@ class DecodeContext {
 bool skip_value(DecodeContext& ctx);
 bool decode_any(DecodeContext& ctx, const Item& it, AnyValue& out);
 
-// ---- Type traits: what msgpack kinds a C++ type accepts, and its name in errors ----
-
-template <class T>
-struct IsVector : std::false_type {};
-template <class T>
-struct IsVector<std::vector<T>> : std::true_type {};
-template <class T>
-struct IsOptional : std::false_type {};
-template <class T>
-struct IsOptional<std::optional<T>> : std::true_type {};
-template <class T>
-struct IsDict : std::false_type {};
-template <class K, class V>
-struct IsDict<Dict<K, V>> : std::true_type {};
-template <class T>
-struct IsVariant : std::false_type {};
-template <class... T>
-struct IsVariant<std::variant<T...>> : std::true_type {};
+// ---- What msgpack kinds a C++ type accepts, and its name in errors ----
 
 template <class T>
 concept TupleStruct = requires {

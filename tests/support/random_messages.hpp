@@ -44,15 +44,15 @@ class RandomMessages {
       v = coin() ? wire::OpType::kAdmit : wire::OpType::kEvict;
     else if constexpr (std::is_same_v<T, wire::AnyValue>)
       v = any(2);
-    else if constexpr (is_optional<T>::value) {
+    else if constexpr (wire::IsOptional<T>::value) {
       if (below(3) == 0)
         v.reset();
       else
         fill(v.emplace());
-    } else if constexpr (is_vector<T>::value) {
+    } else if constexpr (wire::IsVector<T>::value) {
       v.resize(below(12));
       for (auto& e : v) fill(e);
-    } else if constexpr (is_dict<T>::value) {
+    } else if constexpr (wire::IsDict<T>::value) {
       v.items.clear();
       for (std::size_t i = 0, n = below(5); i < n; ++i) {
         typename decltype(v.items)::value_type::first_type k{};
@@ -61,7 +61,7 @@ class RandomMessages {
         fill(val);
         v.set(std::move(k), std::move(val));
       }
-    } else if constexpr (is_variant<T>::value) {
+    } else if constexpr (wire::IsVariant<T>::value) {
       fill_variant(v, below(std::variant_size_v<T>));
     } else {
       std::apply([&](const auto&... f) { (fill(v.*(f.member)), ...); }, T::fields());
@@ -69,23 +69,6 @@ class RandomMessages {
   }
 
  private:
-  template <class T>
-  struct is_optional : std::false_type {};
-  template <class T>
-  struct is_optional<std::optional<T>> : std::true_type {};
-  template <class T>
-  struct is_vector : std::false_type {};
-  template <class T>
-  struct is_vector<std::vector<T>> : std::true_type {};
-  template <class T>
-  struct is_dict : std::false_type {};
-  template <class K, class V>
-  struct is_dict<wire::Dict<K, V>> : std::true_type {};
-  template <class T>
-  struct is_variant : std::false_type {};
-  template <class... T>
-  struct is_variant<std::variant<T...>> : std::true_type {};
-
   template <class V, std::size_t I = 0>
   void fill_variant(V& v, std::size_t index) {
     if constexpr (I < std::variant_size_v<V>) {

@@ -5,8 +5,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string_view>
+#include <type_traits>
 #include <utility>
+#include <variant>
 #include <vector>
 
 namespace kvnode::wire {
@@ -67,5 +70,23 @@ struct Dict {
   bool empty() const { return items.empty(); }
   friend bool operator==(const Dict&, const Dict&) = default;
 };
+
+// Shapes of field types, for code that walks fields() (the codec, JSON views, test generators).
+template <class T>
+struct IsVector : std::false_type {};
+template <class T>
+struct IsVector<std::vector<T>> : std::true_type {};
+template <class T>
+struct IsOptional : std::false_type {};
+template <class T>
+struct IsOptional<std::optional<T>> : std::true_type {};
+template <class T>
+struct IsDict : std::false_type {};
+template <class K, class V>
+struct IsDict<Dict<K, V>> : std::true_type {};
+template <class T>
+struct IsVariant : std::false_type {};
+template <class... T>
+struct IsVariant<std::variant<T...>> : std::true_type {};
 
 }  // namespace kvnode::wire
