@@ -13,40 +13,21 @@ namespace {
 using test::from_hex;
 using test::to_hex;
 
-// Decodes `payload` as the vector's decode_as root type and returns its builtins JSON.
-Result<nlohmann::json> decode_as(const std::string& root, std::string_view payload) {
-  auto to_plain = [](const Json& j) { return nlohmann::json::parse(j.dump()); };
-  if (root == "KVOpEvent") {
-    auto r = decode_kv_op_event(payload);
-    if (!r) return r.error();
-    return to_plain(to_builtins(*r));
-  }
-  if (root == "AnyCommand") {
-    auto r = decode_command(payload);
-    if (!r) return r.error();
-    return to_plain(to_builtins(*r));
-  }
-  auto r = decode(payload);
-  if (!r) return r.error();
-  return to_plain(to_builtins(*r));
+Root root_of(const std::string& decode_as) {
+  if (decode_as == "KVOpEvent") return Root::kKVOpEvent;
+  if (decode_as == "AnyCommand") return Root::kAnyCommand;
+  return Root::kMsg;
 }
 
-Result<std::string> encode_as(const std::string& root, std::string_view json) {
-  std::string out;
-  if (root == "KVOpEvent") {
-    auto r = decode_kv_op_event(json);
-    if (!r) return r.error();
-    encode(*r, out);
-  } else if (root == "AnyCommand") {
-    auto r = decode_command(json);
-    if (!r) return r.error();
-    encode(*r, out);
-  } else {
-    auto r = decode(json);
-    if (!r) return r.error();
-    encode(*r, out);
-  }
-  return out;
+// Decodes `payload` as the vector's decode_as root type and returns its builtins as plain JSON.
+Result<nlohmann::json> decode_as(const std::string& decode_as, std::string_view payload) {
+  auto r = decode_to_builtins(payload, root_of(decode_as));
+  if (!r) return r.error();
+  return nlohmann::json::parse(r->dump());
+}
+
+Result<std::string> encode_as(const std::string& decode_as, std::string_view json) {
+  return reencode(json, root_of(decode_as));
 }
 
 TEST(Conformance, EveryVectorEncodesByteExact) {

@@ -16,57 +16,14 @@ namespace {
 using kvnode::Result;
 using kvnode::wire::Json;
 
-// Which root type to decode: the message union, or one of the nested roots the vectors use.
-enum class Root { kMsg, kKVOpEvent, kAnyCommand };
-
-Result<Json> decode_to_json(std::string_view payload, Root root) {
-  namespace w = kvnode::wire;
-  switch (root) {
-    case Root::kKVOpEvent: {
-      auto r = w::decode_kv_op_event(payload);
-      if (!r) return std::move(r).error();
-      return w::to_builtins(*r);
-    }
-    case Root::kAnyCommand: {
-      auto r = w::decode_command(payload);
-      if (!r) return std::move(r).error();
-      return w::to_builtins(*r);
-    }
-    case Root::kMsg:
-      break;
-  }
-  auto r = w::decode(payload);
-  if (!r) return std::move(r).error();
-  return w::to_builtins(*r);
-}
+using Root = kvnode::wire::Root;
 
 // JSON text -> canonical msgpack (decoding validates it exactly as a received message would be).
 Result<std::string> encode_json(std::string_view json, Root root) {
-  namespace w = kvnode::wire;
-  std::string out;
   auto trimmed = json.substr(std::min(json.find_first_not_of(" \t\r\n"), json.size()));
   if (trimmed.empty() || trimmed.front() != '{')
     return kvnode::make_error("expected a JSON object");
-  switch (root) {
-    case Root::kKVOpEvent: {
-      auto r = w::decode_kv_op_event(trimmed);
-      if (!r) return std::move(r).error();
-      w::encode(*r, out);
-      return out;
-    }
-    case Root::kAnyCommand: {
-      auto r = w::decode_command(trimmed);
-      if (!r) return std::move(r).error();
-      w::encode(*r, out);
-      return out;
-    }
-    case Root::kMsg:
-      break;
-  }
-  auto r = w::decode(trimmed);
-  if (!r) return std::move(r).error();
-  w::encode(*r, out);
-  return out;
+  return kvnode::wire::reencode(trimmed, root);
 }
 
 std::string dump(const Json& j) {
@@ -96,8 +53,8 @@ void run_decode(const Options& o) {
   if (o.lines_file) {  // one result per line; errors are data here, so exit 0
     for_each_line(*o.lines_file, BlankLines::kKeep, [&](std::size_t, std::string_view line) {
       auto bytes = hex_decode(line);
-      Result<Json> r =
-          bytes ? decode_to_json(*bytes, o.root) : Result<Json>(std::move(bytes).error());
+      Result<Json> r = bytes ? kvnode::wire::decode_to_builtins(*bytes, o.root)
+                             : Result<Json>(std::move(bytes).error());
       Json out = Json::object();
       out["ok"] = r.ok();
       if (r)
@@ -116,7 +73,7 @@ void run_decode(const Options& o) {
   } else {
     payload.assign(std::istreambuf_iterator<char>(std::cin), {});
   }
-  auto r = decode_to_json(payload, o.root);
+  auto r = kvnode::wire::decode_to_builtins(payload, o.root);
   if (!r) fail(r.error().message);
   std::cout << dump(*r) << "\n";
 }

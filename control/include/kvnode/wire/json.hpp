@@ -21,4 +21,13 @@ Json to_builtins(const AnyCommand& command);
 
 Result<std::string> json_to_msgpack(std::string_view json);
 
+// What a payload is decoded as: the message union, or one nested type on its own (kvctl's --as
+// and the conformance vectors' decode_as use these).
+enum class Root { kMsg, kKVOpEvent, kAnyCommand };
+
+// Decodes a payload (msgpack, or JSON when it starts with '{') as `root` and returns its builtins.
+Result<Json> decode_to_builtins(std::string_view payload, Root root = Root::kMsg);
+// Decodes a payload as `root` and returns its canonical msgpack encoding.
+Result<std::string> reencode(std::string_view payload, Root root = Root::kMsg);
+
 }  // namespace kvnode::wire
