@@ -9,7 +9,7 @@ cd "$ROOT"
 PACKAGES=(
   build-essential cmake ninja-build pkg-config clang-14 libclang-rt-14-dev libfuzzer-14-dev
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libucx-dev ucx-utils libibverbs-dev librdmacm-dev
-  rdma-core libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libyaml-cpp-dev
+  rdma-core libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libyaml-cpp-dev libcpp-httplib-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev python3 python3-zmq python3-msgpack
   iproute2
 )

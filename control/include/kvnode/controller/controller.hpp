@@ -1,0 +1,41 @@
+// kvcontroller as a library: binds the PULL, reply ROUTER, heartbeat ROUTER and HTTP sockets of
+// a ControllerConfig and serves them until stopped. Each socket has its own thread, so a burst
+// of admit/evict ingest on PULL never delays a P2P lookup or heartbeat on the ROUTERs (D6); the
+// registry is shared under a reader/writer lock taken per message. A housekeeping thread runs
+// the reaper and the full-sync timeout.
+#pragma once
+
+#include <memory>
+
+#include "kvnode/common/result.hpp"
+#include "kvnode/controller/config.hpp"
+
+namespace kvnode::controller {
+
+struct BoundPorts {
+  int pull = -1;
+  int reply = -1;
+  int heartbeat = -1;    // -1: no heartbeat socket
+  int http = -1;
+  int legacy_pull = -1;  // --monitor-port, -1 when not configured
+};
+
+class Controller {
+ public:
+  static Result<std::unique_ptr<Controller>> start(const ControllerConfig& config);
+  ~Controller();  // stop()
+  Controller(const Controller&) = delete;
+  Controller& operator=(const Controller&) = delete;
+
+  // Stops every thread and closes every socket; idempotent.
+  void stop();
+  const BoundPorts& ports() const;
+
+  struct Impl;
+
+ private:
+  explicit Controller(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvnode::controller
