@@ -1,1 +1,338 @@
-// placeholder: filled in by issue 3
+#include "kvnode/controller/controller.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+#include <zmq.hpp>
+
+#include "kvnode/controller/fanout.hpp"
+#include "kvnode/controller/http_api.hpp"
+#include "kvnode/controller/orchestrator.hpp"
+#include "request_handler.hpp"
+
+namespace kvnode::controller {
+namespace {
+
+constexpr auto kPollInterval = std::chrono::milliseconds(100);  // how soon stop() is noticed
+constexpr std::size_t kMaxQueuedOrchestratorMsgs = 1024;
+
+double epoch_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// The address other hosts reach us at: the local end of a UDP socket "connected" to a public
+// address (nothing is sent), as LMCache does; empty when there is no route.
+std::string outbound_ip() {
+  const int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+  if (fd < 0) return {};
+  sockaddr_in remote{};
+  remote.sin_family = AF_INET;
+  remote.sin_port = htons(80);
+  ::inet_pton(AF_INET, "8.8.8.8", &remote.sin_addr);
+  std::string ip;
+  sockaddr_in local{};
+  socklen_t len = sizeof(local);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&remote), sizeof(remote)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+    char buf[INET_ADDRSTRLEN] = {};
+    if (::inet_ntop(AF_INET, &local.sin_addr, buf, sizeof(buf))) ip = buf;
+  }
+  ::close(fd);
+  return ip;
+}
+
+std::string bind_address(const std::string& host, int port) {
+  const bool v6 = host.find(':') != std::string::npos;
+  return "tcp://" + (v6 ? "[" + host + "]" : host) + ":" +
+         (port == 0 ? std::string("*") : std::to_string(port));
+}
+
+int bound_port(const zmq::socket_t& socket) {
+  const std::string endpoint = socket.get(zmq::sockopt::last_endpoint);
+  return std::stoi(endpoint.substr(endpoint.rfind(':') + 1));
+}
+
+// Binds a socket; io_thread picks which ZMQ I/O thread serves it, so PULL ingest and the
+// ROUTERs do not share one.
+Result<zmq::socket_t> bind_socket(zmq::context_t& ctx, zmq::socket_type type, const std::string& host,
+                                  int port, int io_thread, const char* what) {
+  const std::string address = bind_address(host, port);
+  try {
+    zmq::socket_t socket(ctx, type);
+    socket.set(zmq::sockopt::linger, 0);
+    socket.set(zmq::sockopt::affinity, std::uint64_t{1} << io_thread);
+    if (type == zmq::socket_type::pull) socket.set(zmq::sockopt::rcvhwm, 10000);
+    socket.bind(address);
+    return socket;
+  } catch (const zmq::error_t& e) {
+    return make_error(std::string("cannot bind the ") + what + " socket to " + address + ": " +
+                      e.what());
+  }
+}
+
+// Orchestrator messages that arrive on PULL run here, so a slow fan-out never stalls ingest.
+class OrchestratorQueue {
+ public:
+  explicit OrchestratorQueue(Orchestrator& orchestrator)
+      : orchestrator_(orchestrator), thread_([this] { run(); }) {}
+  ~OrchestratorQueue() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void push(wire::Msg msg) {
+    {
+      std::lock_guard lock(mutex_);
+      if (queue_.size() >= kMaxQueuedOrchestratorMsgs) {
+        spdlog::warn("dropping an orchestrator message from PULL: {} already queued",
+                     queue_.size());
+        return;
+      }
+      queue_.push_back(std::move(msg));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void run() {
+    std::unique_lock lock(mutex_);
+    while (true) {
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (stopping_) return;
+      wire::Msg msg = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      const OrchReply r = orchestrator_.handle(msg);  // PULL has no reply: log failures only
+      if (const auto* err = std::get_if<wire::ErrorMsg>(&r.reply))
+        spdlog::warn("{} from PULL failed: {}", wire::tag_of(msg), err->error);
+      lock.lock();
+    }
+  }
+
+  Orchestrator& orchestrator_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<wire::Msg> queue_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+// Receives whatever is queued on the socket without blocking; false when nothing was.
+bool recv_multipart(zmq::socket_t& socket, std::vector<zmq::message_t>& frames) {
+  frames.clear();
+  zmq::message_t frame;
+  if (!socket.recv(frame, zmq::recv_flags::dontwait)) return false;
+  frames.push_back(std::move(frame));
+  while (frames.back().more()) {
+    zmq::message_t next;
+    (void)socket.recv(next, zmq::recv_flags::none);  // the rest of a multipart is already here
+    frames.push_back(std::move(next));
+  }
+  return true;
+}
+
+}  // namespace
+
+struct Controller::Impl {
+  ControllerConfig config;
+  zmq::context_t ctx{2};
+  Metrics metrics;
+  Guarded<Registry> registry;
+  std::unique_ptr<FanOut> fanout;
+  std::unique_ptr<Orchestrator> orchestrator;
+  std::unique_ptr<OrchestratorQueue> orchestrator_queue;
+  std::unique_ptr<HttpApi> http;
+  BoundPorts ports;
+  std::atomic<bool> stopping{false};
+  std::mutex stop_mutex;
+  std::condition_variable stop_cv;
+  std::vector<std::thread> threads;
+
+  explicit Impl(const ControllerConfig& c) : config(c), registry(registry_options(c)) {}
+
+  static RegistryOptions registry_options(const ControllerConfig& c) {
+    RegistryOptions o;
+    o.full_sync_threshold = c.full_sync_threshold;
+    o.full_sync_timeout = c.full_sync_timeout;
+    o.worker_timeout = c.lmcache_worker_timeout;
+    return o;  // heartbeat_url stays unset: RequestHandler advertises it per worker
+  }
+
+  RequestHandler make_handler(HeartbeatAdvert advert) {
+    return RequestHandler(registry, *fanout, metrics, std::move(advert), epoch_seconds,
+                          [this](wire::Msg m) { orchestrator_queue->push(std::move(m)); });
+  }
+
+  void pull_loop(std::vector<zmq::socket_t> sockets, RequestHandler handler) {
+    std::vector<zmq::pollitem_t> items;
+    for (auto& s : sockets) items.push_back({s.handle(), 0, ZMQ_POLLIN, 0});
+    std::vector<zmq::message_t> frames;
+    while (!stopping.load(std::memory_order_relaxed)) {
+      zmq::poll(items, kPollInterval);
+      for (std::size_t i = 0; i < sockets.size(); ++i) {
+        if (!(items[i].revents & ZMQ_POLLIN)) continue;
+        metrics.pull_has_pending = 1;
+        metrics.pull_active = 1;
+        // Drain a bounded burst, then poll again so stop() stays responsive.
+        for (int burst = 0; burst < 4096 && recv_multipart(sockets[i], frames); ++burst) {
+          for (const auto& f : frames) {
+            ++metrics.pull_messages;
+            handler.on_pull(f.to_string_view());
+          }
+        }
+        metrics.pull_active = 0;
+      }
+      metrics.pull_has_pending = 0;
+    }
+  }
+
+  void router_loop(zmq::socket_t socket, RouterKind kind, RequestHandler handler) {
+    auto& messages = kind == RouterKind::kReply ? metrics.reply_messages : metrics.heartbeat_messages;
+    auto& bad = kind == RouterKind::kReply ? metrics.reply_bad_frames : metrics.heartbeat_bad_frames;
+    zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
+    std::vector<zmq::message_t> frames;
+    while (!stopping.load(std::memory_order_relaxed)) {
+      zmq::poll(&item, 1, kPollInterval);
+      if (!(item.revents & ZMQ_POLLIN)) continue;
+      if (kind == RouterKind::kReply) metrics.reply_has_pending = 1;
+      while (recv_multipart(socket, frames)) {
+        ++messages;
+        if (frames.size() < 2) {  // no identity frame: nobody to answer
+          ++bad;
+          spdlog::warn("Invalid ROUTER message format, expected >= 2 frames, got {}",
+                       frames.size());
+          continue;
+        }
+        if (kind == RouterKind::kReply) metrics.reply_active = 1;
+        const std::string reply = handler.on_router(frames.back().to_string_view(), kind);
+        if (kind == RouterKind::kReply) metrics.reply_active = 0;
+        // [identity, "", reply]: a DEALER peer reads the last frame, a REQ peer the delimited one.
+        socket.send(frames.front(), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+        socket.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::sndmore);
+        socket.send(zmq::buffer(reply), zmq::send_flags::none);
+      }
+      if (kind == RouterKind::kReply) metrics.reply_has_pending = 0;
+    }
+  }
+
+  void housekeeping_loop() {
+    const double interval = config.health_check_interval;
+    double next_reap = epoch_seconds() + interval;
+    std::unique_lock lock(stop_mutex);
+    while (!stopping) {
+      stop_cv.wait_for(lock, std::chrono::seconds(1), [&] { return stopping.load(); });
+      if (stopping) return;
+      const double now = epoch_seconds();
+      std::vector<WorkerEndpoint> reaped;
+      std::size_t expired = 0;
+      registry.write([&](Registry& r) {
+        expired = r.expire_syncs(now);
+        if (interval > 0 && now >= next_reap) reaped = r.reap(now);
+      });
+      if (interval > 0 && now >= next_reap) next_reap = now + interval;
+      for (const auto& w : reaped) {
+        fanout->forget(w.key());
+        spdlog::warn("reaped worker {}/{} ({}): no heartbeat for {} s", w.instance_id,
+                     w.worker_id, w.endpoint(), config.lmcache_worker_timeout);
+      }
+      metrics.workers_reaped += reaped.size();
+      if (expired) spdlog::warn("{} full sync(s) timed out; those workers will be asked to retry", expired);
+    }
+  }
+
+  Status start() {
+    const auto& c = config;
+    fanout = std::make_unique<FanOut>(ctx);
+    OrchestratorOptions orch;
+    orch.fanout_deadline =
+        std::chrono::milliseconds(static_cast<std::int64_t>(c.fanout_timeout * 1000));
+    orch.hashing = c.hashing;
+    orchestrator = std::make_unique<Orchestrator>(registry, *fanout, metrics, orch);
+    orchestrator_queue = std::make_unique<OrchestratorQueue>(*orchestrator);
+
+    auto pull = bind_socket(ctx, zmq::socket_type::pull, c.controller_host,
+                            c.controller_monitor_ports.pull, 0, "PULL");
+    if (!pull) return pull.error();
+    ports.pull = bound_port(*pull);
+    std::vector<zmq::socket_t> pulls;
+    pulls.push_back(std::move(*pull));
+    if (c.monitor_port) {
+      auto legacy = bind_socket(ctx, zmq::socket_type::pull, c.controller_host, *c.monitor_port, 0,
+                                "legacy --monitor-port PULL");
+      if (!legacy) return legacy.error();
+      ports.legacy_pull = bound_port(*legacy);
+      pulls.push_back(std::move(*legacy));
+    }
+    auto reply = bind_socket(ctx, zmq::socket_type::router, c.controller_host,
+                             c.controller_monitor_ports.reply, 1, "reply ROUTER");
+    if (!reply) return reply.error();
+    ports.reply = bound_port(*reply);
+    std::optional<zmq::socket_t> heartbeat;
+    if (c.controller_monitor_ports.heartbeat >= 0) {
+      auto hb = bind_socket(ctx, zmq::socket_type::router, c.controller_host,
+                            c.controller_monitor_ports.heartbeat, 1, "heartbeat ROUTER");
+      if (!hb) return hb.error();
+      ports.heartbeat = bound_port(*hb);
+      heartbeat = std::move(*hb);
+    }
+    http = std::make_unique<HttpApi>(*orchestrator, registry, metrics);
+    auto http_port = http->start(c.controller_host, c.controller_port);
+    if (!http_port) return http_port.error();
+    ports.http = *http_port;
+
+    const HeartbeatAdvert advert{c.controller_advertise_host, c.controller_host, outbound_ip(),
+                                 ports.heartbeat};
+    threads.emplace_back(&Impl::pull_loop, this, std::move(pulls), make_handler(advert));
+    threads.emplace_back(&Impl::router_loop, this, std::move(*reply), RouterKind::kReply,
+                         make_handler(advert));
+    if (heartbeat)
+      threads.emplace_back(&Impl::router_loop, this, std::move(*heartbeat),
+                           RouterKind::kHeartbeat, make_handler(advert));
+    threads.emplace_back(&Impl::housekeeping_loop, this);
+    return {};
+  }
+
+  void stop() {
+    if (stopping.exchange(true)) return;
+    stop_cv.notify_all();
+    if (http) http->stop();
+    for (auto& t : threads) t.join();
+    threads.clear();
+    orchestrator_queue.reset();
+    http.reset();
+    orchestrator.reset();
+    fanout.reset();
+  }
+};
+
+Controller::Controller(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Controller::~Controller() { stop(); }
+
+Result<std::unique_ptr<Controller>> Controller::start(const ControllerConfig& config) {
+  if (Status valid = validate(config); !valid) return valid.error();
+  auto impl = std::make_unique<Impl>(config);
+  if (Status started = impl->start(); !started) {
+    impl->stop();
+    return started.error();
+  }
+  return std::make_unique<Controller>(std::move(impl));
+}
+
+void Controller::stop() { impl_->stop(); }
+const BoundPorts& Controller::ports() const { return impl_->ports; }
+
+}  // namespace kvnode::controller

@@ -1,1 +1,348 @@
-// placeholder: filled in by issue 3
+#include "kvnode/controller/http_api.hpp"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <charconv>
+#include <chrono>
+#include <functional>
+#include <thread>
+
+#include "http_json.hpp"
+#include "kvnode/wire/json.hpp"
+#include "orch_uuid.hpp"
+
+namespace kvnode::controller {
+
+namespace {
+
+using http::Json;
+
+// Bounds that keep one client from tying up the server: the largest body (a 128k-token lookup
+// is about 1 MB of JSON), handler threads (a fan-out blocks one for up to its deadline), and how
+// long a slow client may take to send or read.
+constexpr std::size_t kMaxBodyBytes = 64u << 20;
+constexpr std::size_t kThreads = 8;
+constexpr time_t kIoTimeoutSeconds = 10;
+constexpr time_t kKeepAliveSeconds = 2;  // also bounds how long stop() waits for idle clients
+constexpr auto kStartTimeout = std::chrono::seconds(5);
+
+struct Reply {
+  int status = 200;
+  std::string body;
+  std::string content_type = "application/json";
+};
+
+Reply fail(int status, std::string_view text) { return Reply{status, http::detail(text)}; }
+Reply ok(const Json& json) { return Reply{200, http::dump(json)}; }
+
+// An orchestrator reply in LMCache's JSON: the message's fields without "type".
+Reply from_orch(const OrchReply& r) {
+  if (const auto* e = std::get_if<wire::ErrorMsg>(&r.reply))
+    return fail(r.http_status >= 400 ? r.http_status : 500, e->error);
+  Json j = wire::to_builtins(r.reply);
+  j.erase("type");
+  return ok(j);
+}
+
+Json worker_infos_json(std::vector<wire::WorkerInfo> infos) {
+  // to_builtins of the reply message gives WorkerInfo exactly as msgspec's to_builtins does.
+  Json j = wire::to_builtins(wire::QueryWorkerInfoRetMsg{"", std::move(infos)});
+  return std::move(j["worker_infos"]);
+}
+
+std::string_view reason_of(int status) {
+  switch (status) {
+    case 400: return "Bad Request";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 413: return "Request body too large (limit 64 MiB)";
+    case 414: return "URI Too Long";
+    case 500: return "Internal Server Error";
+    default: return "Error";
+  }
+}
+
+}  // namespace
+
+struct HttpApi::Impl {
+  Orchestrator& orch;
+  const Guarded<Registry>& registry;
+  Metrics& metrics;
+  Uuid4Generator uuids;
+  httplib::Server server;
+  std::thread thread;
+  std::atomic<bool> listen_returned{false};
+
+  Impl(Orchestrator& o, const Guarded<Registry>& r, Metrics& m)
+      : orch(o), registry(r), metrics(m) {
+    configure();
+    routes();
+  }
+
+  std::string event_id(std::string_view prefix) { return std::string(prefix) + uuids.next(); }
+  Reply call(const wire::Msg& msg) { return from_orch(orch.handle(msg)); }
+
+  void configure() {
+    // httplib takes ownership of the queue it gets from this factory.
+    server.new_task_queue = [] { return new httplib::ThreadPool(kThreads); };
+    server.set_payload_max_length(kMaxBodyBytes);
+    server.set_read_timeout(kIoTimeoutSeconds, 0);
+    server.set_write_timeout(kIoTimeoutSeconds, 0);
+    server.set_keep_alive_timeout(kKeepAliveSeconds);
+    server.set_logger([this](const httplib::Request&, const httplib::Response&) {
+      metrics.http_requests.fetch_add(1, std::memory_order_relaxed);
+    });
+    // Runs for every status >= 400, ours included: fill in only bodies nobody wrote (no route,
+    // payload too large, ...), so every error is {"detail": ...} as FastAPI answers.
+    server.set_error_handler([](const httplib::Request&, httplib::Response& res) {
+      if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+      res.set_content(http::detail(reason_of(res.status)), "application/json");
+      return httplib::Server::HandlerResponse::Handled;
+    });
+    server.set_exception_handler(
+        [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+          std::string what = "internal error";
+          try {
+            if (ep) std::rethrow_exception(ep);
+          } catch (const std::exception& e) {
+            what = e.what();
+          } catch (...) {
+          }
+          res.status = 500;
+          res.set_content(http::detail(what), "application/json");
+        });
+  }
+
+  static void send(httplib::Response& res, const Reply& reply) {
+    res.status = reply.status;
+    res.set_content(reply.body, reply.content_type.c_str());
+  }
+
+  void post(const std::string& path, std::function<Reply(const Json&)> handler) {
+    server.Post(path, [handler](const httplib::Request& req, httplib::Response& res) {
+      auto body = http::parse_object(req.body);
+      send(res, body ? handler(*body) : fail(400, body.error().message));
+    });
+    server.Get(path, [](const httplib::Request&, httplib::Response& res) {
+      send(res, fail(405, "Method Not Allowed"));
+    });
+  }
+
+  void get(const std::string& path, std::function<Reply(const httplib::Request&)> handler) {
+    server.Get(path, [handler](const httplib::Request& req, httplib::Response& res) {
+      send(res, handler(req));
+    });
+  }
+
+  void routes();
+  Reply workers(const httplib::Request& req);
+  Reply key_stats();
+  Reply prometheus();
+};
+
+// Each handler reads its fields in LMCache's order; the first bad one is the 400's detail.
+void HttpApi::Impl::routes() {
+  post("/lookup", [this](const Json& b) {
+    auto tokens = http::get_int_list(b, "tokens");
+    if (!tokens) return fail(400, tokens.error().message);
+    return call(wire::LookupMsg{event_id("Lookup"), std::move(*tokens)});
+  });
+  post("/clear", [this](const Json& b) {
+    auto instance = http::get_string(b, "instance_id");
+    if (!instance) return fail(400, instance.error().message);
+    auto location = http::get_string(b, "location");
+    if (!location) return fail(400, location.error().message);
+    return call(wire::ClearMsg{event_id("Clear"), std::move(*instance), std::move(*location)});
+  });
+  post("/pin", [this](const Json& b) {
+    auto instance = http::get_string(b, "instance_id");
+    if (!instance) return fail(400, instance.error().message);
+    auto location = http::get_string(b, "location");
+    if (!location) return fail(400, location.error().message);
+    auto tokens = http::get_int_list(b, "tokens");
+    if (!tokens) return fail(400, tokens.error().message);
+    return call(wire::PinMsg{event_id("Pin"), std::move(*instance), std::move(*location),
+                             std::move(*tokens)});
+  });
+  const auto codec = [this]<class M>(std::string_view prefix, const Json& b) {
+    auto instance = http::get_string(b, "instance_id");
+    if (!instance) return fail(400, instance.error().message);
+    auto method = http::get_string(b, "method");
+    if (!method) return fail(400, method.error().message);
+    auto location = http::get_string(b, "location");
+    if (!location) return fail(400, location.error().message);
+    auto tokens = http::get_int_list(b, "tokens", std::vector<std::int64_t>{});
+    if (!tokens) return fail(400, tokens.error().message);
+    return call(M{event_id(prefix), std::move(*instance), std::move(*method),
+                  std::move(*location), std::move(*tokens)});
+  };
+  post("/compress", [codec](const Json& b) {
+    return codec.template operator()<wire::CompressMsg>("Compress", b);
+  });
+  post("/decompress", [codec](const Json& b) {
+    return codec.template operator()<wire::DecompressMsg>("Decompress", b);
+  });
+  post("/move", [this](const Json& b) {
+    auto old_position = http::get_position(b, "old_position");
+    if (!old_position) return fail(400, old_position.error().message);
+    auto new_position = http::get_position(b, "new_position");
+    if (!new_position) return fail(400, new_position.error().message);
+    auto tokens = http::get_int_list(b, "tokens", std::vector<std::int64_t>{});
+    if (!tokens) return fail(400, tokens.error().message);
+    auto copy = http::get_bool(b, "should_copy", false);
+    if (!copy) return fail(400, copy.error().message);
+    return call(wire::MoveMsg{event_id("Move"), std::move(*old_position),
+                              std::move(*new_position), std::move(*tokens), *copy});
+  });
+  post("/health", [this](const Json& b) {
+    auto instance = http::get_string(b, "instance_id");
+    if (!instance) return fail(400, instance.error().message);
+    return call(wire::HealthMsg{event_id("health"), std::move(*instance)});
+  });
+  post("/check_finish", [this](const Json& b) {
+    auto id = http::get_string(b, "event_id");
+    if (!id) return fail(400, id.error().message);
+    OrchReply r = orch.handle(wire::CheckFinishMsg{*id});
+    if (!r.event) return from_orch(r);
+    Json j = Json::object();
+    j["event_id"] = *id;
+    j["status"] = std::string(to_string(r.event->state));
+    j["num_tokens"] = r.event->num_tokens;
+    if (r.event->state == EventRecord::State::kFailed) j["detail"] = r.event->reason;
+    return ok(j);
+  });
+  post("/query_instance", [this](const Json& b) {
+    // The body's event_id is ignored, as upstream does; the reply carries a fresh one.
+    auto ip = http::get_string(b, "ip");
+    if (!ip) return fail(400, ip.error().message);
+    OrchReply r = orch.handle(wire::QueryInstMsg{event_id("QueryInst"), *ip});
+    const auto* ret = std::get_if<wire::QueryInstRetMsg>(&r.reply);
+    if (!ret) return from_orch(r);
+    // Upstream fails validation here (500); an unknown ip is a 404 with a plain reason.
+    if (!ret->instance_id) return fail(404, "no registered worker has ip '" + *ip + "'");
+    Json j = Json::object();
+    j["event_id"] = ret->event_id;
+    j["res"] = *ret->instance_id;
+    return ok(j);
+  });
+  post("/query_worker_info", [this](const Json& b) {
+    auto instance = http::get_string(b, "instance_id");
+    if (!instance) return fail(400, instance.error().message);
+    auto ids = http::get_nullable_int_list(b, "worker_ids");
+    if (!ids) return fail(400, ids.error().message);
+    return call(
+        wire::QueryWorkerInfoMsg{event_id("QueryWorkerInfo"), std::move(*instance), *ids});
+  });
+  get("/controller/workers", [this](const httplib::Request& req) { return workers(req); });
+  get("/controller/key-stats", [this](const httplib::Request&) { return key_stats(); });
+  get("/metrics", [this](const httplib::Request&) { return prometheus(); });
+}
+
+// Both parameters: one WorkerInfo; instance_id only: that instance's workers; neither: all.
+Reply HttpApi::Impl::workers(const httplib::Request& req) {
+  const std::string instance = req.has_param("instance_id") ? req.get_param_value("instance_id")
+                                                            : std::string();
+  std::optional<std::int64_t> worker_id;
+  if (req.has_param("worker_id")) {
+    const std::string text = req.get_param_value("worker_id");
+    std::int64_t v = 0;
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (ec != std::errc() || end != text.data() + text.size() || text.empty())
+      return fail(400, "worker_id: expected an integer, got '" + text + "'");
+    worker_id = v;
+  }
+  std::vector<std::int64_t> ids;
+  if (worker_id) ids.push_back(*worker_id);
+  auto infos = registry.read([&](const Registry& r) {
+    return r.worker_infos(instance.empty() ? "all" : instance, ids);
+  });
+  if (!instance.empty() && worker_id) {
+    if (infos.empty())
+      return fail(404, "worker " + std::to_string(*worker_id) + " of instance '" + instance +
+                           "' not found");
+    return ok(worker_infos_json(std::move(infos))[0]);
+  }
+  if (!instance.empty() && infos.empty()) return fail(404, "unknown instance '" + instance + "'");
+  Json j = Json::object();
+  j["total_count"] = infos.size();
+  j["workers"] = worker_infos_json(std::move(infos));
+  // FastAPI keeps the handler's key order: workers first.
+  Json ordered = Json::object();
+  ordered["workers"] = std::move(j["workers"]);
+  ordered["total_count"] = std::move(j["total_count"]);
+  return ok(ordered);
+}
+
+Reply HttpApi::Impl::key_stats() {
+  const RegistryStats stats = registry.read([](const Registry& r) { return r.stats(); });
+  Json instances = Json::array();
+  for (const auto& s : stats.per_instance) {
+    Json i = Json::object();
+    i["instance_id"] = s.instance_id;
+    i["key_count"] = s.key_count;
+    i["worker_count"] = s.worker_count;
+    instances.push_back(std::move(i));
+  }
+  Json j = Json::object();
+  j["total_key_count"] = stats.keys;
+  j["total_instance_count"] = stats.instances;
+  j["total_worker_count"] = stats.workers;
+  j["instances"] = std::move(instances);
+  return ok(j);
+}
+
+Reply HttpApi::Impl::prometheus() {
+  const RegistryStats stats = registry.read([](const Registry& r) { return r.stats(); });
+  return Reply{200, render_prometheus(metrics, stats), "text/plain; version=0.0.4; charset=utf-8"};
+}
+
+HttpApi::HttpApi(Orchestrator& orchestrator, const Guarded<Registry>& registry, Metrics& metrics)
+    : impl_(std::make_unique<Impl>(orchestrator, registry, metrics)) {}
+
+HttpApi::~HttpApi() { stop(); }
+
+Result<int> HttpApi::start(const std::string& host, int port) {
+  Impl& s = *impl_;
+  if (s.thread.joinable()) return Error{"HTTP API already started"};
+  int bound = -1;
+  if (port == 0) {
+    bound = s.server.bind_to_any_port(host);
+  } else if (s.server.bind_to_port(host, port)) {
+    bound = port;
+  }
+  if (bound < 0)
+    return Error{"cannot bind the HTTP API to " + host + ":" + std::to_string(port) +
+                 " (address in use or not local?)"};
+  s.listen_returned = false;
+  s.thread = std::thread([&s] {
+    s.server.listen_after_bind();
+    s.listen_returned = true;
+  });
+  // httplib's stop() does nothing until the listen loop has started; wait for it so a stop()
+  // right after start() cannot leave the thread listening forever.
+  const auto give_up = std::chrono::steady_clock::now() + kStartTimeout;
+  while (!s.server.is_running() && !s.listen_returned &&
+         std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (!s.server.is_running()) {
+    stop();
+    return Error{"the HTTP API did not start listening on " + host + ":" + std::to_string(bound)};
+  }
+  return bound;
+}
+
+void HttpApi::stop() {
+  Impl& s = *impl_;
+  if (!s.thread.joinable()) return;
+  // Handlers finish their current request (a fan-out waits at most its deadline) before the
+  // thread pool joins.
+  // httplib's stop() must run once, after the listen loop started (start() waited for that);
+  // a second call while the pool drains would trip its assertion.
+  while (!s.server.is_running() && !s.listen_returned)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (!s.listen_returned) s.server.stop();
+  s.thread.join();
+}
+
+}  // namespace kvnode::controller

@@ -31,10 +31,10 @@ class Controller {
   void stop();
   const BoundPorts& ports() const;
 
-  struct Impl;
+  struct Impl;  // defined in controller.cpp; only start() can make one
+  explicit Controller(std::unique_ptr<Impl> impl);
 
  private:
-  explicit Controller(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -35,6 +35,7 @@ struct FanOutStats {
   std::uint64_t timeouts = 0;      // per-worker requests that missed their deadline
   std::uint64_t late_replies = 0;  // replies that arrived after their deadline
   std::uint64_t open_sockets = 0;
+  std::uint64_t dropped_replies = 0;  // replies with an unknown request id or a malformed shape
 };
 
 struct FanOutOptions {

@@ -1,0 +1,122 @@
+// KvIndex against a reference model (std::set of pairs) under random admit/evict/retire, plus
+// the properties the controller relies on: holders of one hash, O(1) retire, bounded memory.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+#include <set>
+
+#include "kvnode/controller/kv_index.hpp"
+
+namespace kvnode::controller {
+namespace {
+
+using Pair = std::pair<ChunkHash, HolderId>;
+
+TEST(KvIndex, InsertEraseContains) {
+  KvIndex index(42);
+  const HolderId a = index.new_holder(), b = index.new_holder();
+  EXPECT_TRUE(index.insert(ChunkHash(7), a));
+  EXPECT_FALSE(index.insert(ChunkHash(7), a));
+  EXPECT_TRUE(index.insert(ChunkHash(7), b));
+  EXPECT_TRUE(index.contains(ChunkHash(7), a));
+  EXPECT_FALSE(index.contains(ChunkHash(8), a));
+  EXPECT_EQ(index.size(), 2u);
+  EXPECT_TRUE(index.erase(ChunkHash(7), a));
+  EXPECT_FALSE(index.erase(ChunkHash(7), a));
+  EXPECT_FALSE(index.contains(ChunkHash(7), a));
+  EXPECT_TRUE(index.contains(ChunkHash(7), b));
+  EXPECT_EQ(index.holder_size(a), 0u);
+  EXPECT_EQ(index.holder_size(b), 1u);
+}
+
+TEST(KvIndex, SignedAndUnsignedHashesWithEqualBitsAreDistinct) {
+  KvIndex index(1);
+  const HolderId a = index.new_holder();
+  const ChunkHash minus_one(-1);
+  const ChunkHash max_u64 = ChunkHash::from_unsigned(~0ull);
+  ASSERT_EQ(minus_one.bits(), max_u64.bits());
+  EXPECT_TRUE(index.insert(minus_one, a));
+  EXPECT_FALSE(index.contains(max_u64, a));
+  EXPECT_TRUE(index.insert(max_u64, a));
+  EXPECT_EQ(index.size(), 2u);
+}
+
+TEST(KvIndex, ForEachHolderListsEveryLiveHolderOnce) {
+  KvIndex index(3);
+  std::vector<HolderId> hs;
+  for (int i = 0; i < 10; ++i) hs.push_back(index.new_holder());
+  for (HolderId h : hs) index.insert(ChunkHash(99), h);
+  index.retire_holder(hs[3]);
+  index.erase(ChunkHash(99), hs[5]);
+  std::multiset<HolderId> seen;
+  index.for_each_holder(ChunkHash(99), [&](HolderId h) { seen.insert(h); });
+  EXPECT_EQ(seen.size(), 8u);
+  EXPECT_EQ(seen.count(hs[3]), 0u);
+  EXPECT_EQ(seen.count(hs[5]), 0u);
+  EXPECT_EQ(seen.count(hs[0]), 1u);
+}
+
+TEST(KvIndex, RetireDropsAllEntriesAndIdIsReusedOnlyAfterRebuild) {
+  KvIndex index(5);
+  const HolderId a = index.new_holder();
+  for (int i = 0; i < 5000; ++i) index.insert(ChunkHash(i), a);
+  index.retire_holder(a);
+  EXPECT_EQ(index.size(), 0u);
+  EXPECT_FALSE(index.contains(ChunkHash(10), a));
+  const HolderId b = index.new_holder();
+  for (int i = 0; i < 5000; ++i) index.insert(ChunkHash(i + 1'000'000), b);
+  // Whatever id b got, a's old entries never show up under it.
+  EXPECT_FALSE(index.contains(ChunkHash(10), b));
+  EXPECT_EQ(index.holder_size(b), 5000u);
+}
+
+TEST(KvIndex, MatchesReferenceModelUnderRandomOperations) {
+  std::mt19937_64 rng(12345);
+  KvIndex index(rng());
+  std::set<Pair> model;
+  std::vector<HolderId> live;
+  for (int i = 0; i < 6; ++i) live.push_back(index.new_holder());
+  auto random_hash = [&] {
+    const std::uint64_t v = rng() % 3000;  // small domain: many repeats and shared hashes
+    return (v & 1) ? ChunkHash(-static_cast<std::int64_t>(v)) : ChunkHash::from_unsigned(v << 50);
+  };
+  for (int step = 0; step < 200000; ++step) {
+    const HolderId h = live[rng() % live.size()];
+    const ChunkHash key = random_hash();
+    const int what = static_cast<int>(rng() % 100);
+    if (what < 55) {
+      EXPECT_EQ(index.insert(key, h), model.insert({key, h}).second);
+    } else if (what < 97) {
+      EXPECT_EQ(index.erase(key, h), model.erase({key, h}) == 1);
+    } else if (what < 98) {
+      index.retire_holder(h);
+      std::erase_if(model, [&](const Pair& p) { return p.second == h; });
+      std::erase(live, h);
+      live.push_back(index.new_holder());
+    } else {
+      EXPECT_EQ(index.contains(key, h), model.contains({key, h}));
+    }
+  }
+  EXPECT_EQ(index.size(), model.size());
+  for (HolderId h : live) {
+    const auto n = std::count_if(model.begin(), model.end(), [&](auto& p) { return p.second == h; });
+    EXPECT_EQ(index.holder_size(h), static_cast<std::size_t>(n));
+  }
+  for (const auto& [key, h] : model) ASSERT_TRUE(index.contains(key, h));
+}
+
+TEST(KvIndex, MemoryPerEntryStaysWithinBudget) {
+  KvIndex index(9);
+  const HolderId a = index.new_holder();
+  for (std::uint64_t i = 0; i < 300000; ++i) {
+    index.insert(ChunkHash::from_unsigned(i * 0x9E3779B97F4A7C15ull), a);
+    if (i > 1000 && i % 977 == 0) {
+      const double per_entry = static_cast<double>(index.memory_bytes()) / index.size();
+      ASSERT_LE(per_entry, 48.0) << "at " << i << " entries";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvnode::controller
