@@ -73,6 +73,7 @@ struct Registry::State {
   RegistryOptions options;
   KvIndex index;
   std::vector<std::unique_ptr<Instance>> instances;  // registration order
+  std::unordered_map<std::string_view, Instance*> instance_by_id;  // keys view Instance::id
   std::vector<HolderRef> holders;
   std::uint64_t next_order = 1;
   std::uint64_t next_generation = 1;
@@ -83,9 +84,8 @@ struct Registry::State {
 
   // ---- lookup helpers ----
   Instance* find_instance(std::string_view id) const {
-    for (const auto& inst : instances)
-      if (inst->id == id) return inst.get();
-    return nullptr;
+    const auto it = instance_by_id.find(id);
+    return it == instance_by_id.end() ? nullptr : it->second;
   }
   Worker* find_worker(std::string_view instance_id, std::int64_t worker_id) const {
     Instance* inst = find_instance(instance_id);
@@ -147,6 +147,7 @@ struct Registry::State {
       inst = instances.back().get();
       inst->id = msg.instance_id;
       inst->order = next_order++;
+      instance_by_id.emplace(inst->id, inst);
     }
     auto w = std::make_unique<Worker>();
     w->instance = inst;
@@ -178,8 +179,10 @@ struct Registry::State {
     clear_worker(w);
     Instance* inst = w.instance;
     std::erase_if(inst->workers, [&](const auto& p) { return p.get() == &w; });
-    if (inst->workers.empty())
+    if (inst->workers.empty()) {
+      instance_by_id.erase(inst->id);
       std::erase_if(instances, [&](const auto& p) { return p.get() == inst; });
+    }
   }
 
   // ---- full sync ----
