@@ -118,7 +118,8 @@ Result<double> parse_number(const RawValue& v) {
   return number;
 }
 
-Result<std::size_t> parse_positive_size(const RawValue& v) {
+// 0 parses: validate() rejects it, so that message names the key whichever source set it.
+Result<std::size_t> parse_chunk_size(const RawValue& v) {
   auto text = scalar_text(v, "a positive integer");
   if (!text) return std::move(text).error();
   auto n = parse_whole<std::uint64_t>(*text, "a positive integer");
@@ -178,8 +179,7 @@ Result<int> parse_port_entry(const json& j, const std::string& name) {
   return static_cast<int>(j.get<std::int64_t>());
 }
 
-// Every key of `object` that is not a monitor-port name: "unknown key 'a'" / "unknown keys 'a',
-// 'b'".
+// Names every key of `object` that is not a monitor port, e.g. "unknown keys 'a', 'b'".
 std::optional<std::string> unknown_port_keys(const json& object) {
   std::vector<std::string> unknown;
   for (const auto& [name, value] : object.items())
@@ -302,7 +302,7 @@ constexpr std::array kKeys{
         }},
     Key{"chunk_size", "--chunk-size", "TOKENS", "tokens per chunk when /lookup hashes tokens (256)",
         [](ControllerConfig& c, const RawValue& v) {
-          return assign(c.hashing.chunk_size, parse_positive_size(v));
+          return assign(c.hashing.chunk_size, parse_chunk_size(v));
         }},
     Key{"hash_init", "--hash-init", "INT", "h[-1] of the chunk-hash chain (0)",
         [](ControllerConfig& c, const RawValue& v) {

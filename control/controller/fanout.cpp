@@ -45,6 +45,9 @@ constexpr std::chrono::milliseconds kMaxPollWait{100};
 // Replies read from one socket per wake-up, so one chatty worker cannot starve the others.
 constexpr int kMaxRepliesPerWake = 1024;
 constexpr std::size_t kIdSize = sizeof(std::uint64_t);
+// Longer deadlines (and late-reply windows) are cut to this, so "wait forever"
+// (milliseconds::max()) cannot overflow the clock's nanosecond time_point.
+constexpr std::chrono::milliseconds kLongestDeadline = std::chrono::hours(24 * 365);
 
 // Owns a non-blocking eventfd: callers signal() from any thread; the executor polls and drains.
 class WakeFd {
@@ -94,9 +97,9 @@ void fail_call(CallCmd& cmd, const std::string& why) {
 // What callers and the executor share: the command queue and the counters.
 struct Shared {
   std::mutex mutex;
-  std::deque<Command> queue;    // guarded by mutex
-  bool stopping = false;        // guarded by mutex; once set, call() fails at once
-  std::string stop_reason;      // guarded by mutex
+  std::deque<Command> queue;  // guarded by mutex
+  bool stopping = false;      // guarded by mutex; once set, call() fails at once
+  std::string stop_reason;    // guarded by mutex
   WakeFd wake;
   std::atomic<std::uint64_t> requests{0};
   std::atomic<std::uint64_t> timeouts{0};
@@ -136,7 +139,11 @@ std::optional<Reply> receive(zmq::socket_t& socket) {
 class Executor {
  public:
   Executor(zmq::context_t& ctx, const FanOutOptions& options, Shared& shared)
-      : ctx_(ctx), options_(options), shared_(shared) {}
+      : ctx_(ctx),
+        late_window_(
+            std::clamp(options.late_reply_window, std::chrono::milliseconds{0}, kLongestDeadline)),
+        max_late_(options.max_late_pending),
+        shared_(shared) {}
 
   void run() {
     std::string why = "controller shutting down";
@@ -337,8 +344,8 @@ class Executor {
   void remember_late(std::uint64_t id, const std::shared_ptr<const LateReplyFn>& on_late,
                      std::size_t index, Clock::time_point now) {
     late_.emplace(id, Late{on_late, index});
-    late_order_.push_back({now + options_.late_reply_window, id});
-    while (late_order_.size() > options_.max_late_pending) forget_oldest_late();
+    late_order_.push_back({now + late_window_, id});
+    while (late_order_.size() > max_late_) forget_oldest_late();
   }
 
   // late_order_ is in expiry order, since every entry waits the same window.
@@ -411,8 +418,8 @@ class Executor {
   std::chrono::milliseconds poll_wait() const {
     if (deadlines_.empty()) return kMaxPollWait;
     // Round up: waking just before a deadline would only spin until it passes.
-    const auto until = std::chrono::ceil<std::chrono::milliseconds>(deadlines_.begin()->first -
-                                                                    Clock::now());
+    const auto until =
+        std::chrono::ceil<std::chrono::milliseconds>(deadlines_.begin()->first - Clock::now());
     return std::clamp(until, std::chrono::milliseconds{0}, kMaxPollWait);
   }
 
@@ -440,15 +447,16 @@ class Executor {
   }
 
   zmq::context_t& ctx_;
-  const FanOutOptions options_;
+  const std::chrono::milliseconds late_window_;
+  const std::size_t max_late_;
   Shared& shared_;
   std::uint64_t next_call_id_ = 1;
-  std::uint64_t next_request_id_ = 1;  // 0 marks a malformed reply, so ids start at 1
+  std::uint64_t next_request_id_ = 1;            // 0 marks a malformed reply, so ids start at 1
   std::unordered_map<std::string, Conn> conns_;  // node-based: Conn addresses stay valid
   std::unordered_map<std::uint64_t, Call> calls_;
   std::set<std::pair<Clock::time_point, std::uint64_t>> deadlines_;  // (deadline, call id)
-  std::unordered_map<std::uint64_t, Pending> pending_;                // by request id
-  std::unordered_map<std::uint64_t, Late> late_;                      // by request id
+  std::unordered_map<std::uint64_t, Pending> pending_;               // by request id
+  std::unordered_map<std::uint64_t, Late> late_;                     // by request id
   std::deque<LateOrder> late_order_;  // may name ids already answered; bounded all the same
   std::vector<zmq_pollitem_t> items_;
   std::vector<Conn*> item_conns_;
@@ -485,7 +493,8 @@ FanOut::~FanOut() = default;
 
 std::future<Results> FanOut::call(std::vector<FanOutTarget> targets,
                                   std::chrono::milliseconds deadline, LateReplyFn on_late) {
-  CallCmd cmd{std::move(targets), Clock::now() + deadline, deadline, std::move(on_late), {}};
+  const auto wait = std::clamp(deadline, std::chrono::milliseconds{0}, kLongestDeadline);
+  CallCmd cmd{std::move(targets), Clock::now() + wait, deadline, std::move(on_late), {}};
   auto future = cmd.promise.get_future();
   if (cmd.targets.empty()) {
     cmd.promise.set_value({});

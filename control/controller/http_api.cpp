@@ -33,8 +33,12 @@ struct Reply {
   std::string content_type = "application/json";
 };
 
-Reply fail(int status, std::string_view text) { return Reply{status, http::detail(text)}; }
-Reply ok(const Json& json) { return Reply{200, http::dump(json)}; }
+Reply fail(int status, std::string_view text) {
+  return Reply{status, http::detail(text)};
+}
+Reply ok(const Json& json) {
+  return Reply{200, http::dump(json)};
+}
 
 // An orchestrator reply in LMCache's JSON: the message's fields without "type".
 Reply from_orch(const OrchReply& r) {
@@ -53,13 +57,20 @@ Json worker_infos_json(std::vector<wire::WorkerInfo> infos) {
 
 std::string_view reason_of(int status) {
   switch (status) {
-    case 400: return "Bad Request";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 413: return "Request body too large (limit 64 MiB)";
-    case 414: return "URI Too Long";
-    case 500: return "Internal Server Error";
-    default: return "Error";
+    case 400:
+      return "Bad Request";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 413:
+      return "Request body too large (limit 64 MiB)";
+    case 414:
+      return "URI Too Long";
+    case 500:
+      return "Internal Server Error";
+    default:
+      return "Error";
   }
 }
 
@@ -74,8 +85,7 @@ struct HttpApi::Impl {
   std::thread thread;
   std::atomic<bool> listen_returned{false};
 
-  Impl(Orchestrator& o, const Guarded<Registry>& r, Metrics& m)
-      : orch(o), registry(r), metrics(m) {
+  Impl(Orchestrator& o, const Guarded<Registry>& r, Metrics& m) : orch(o), registry(r), metrics(m) {
     configure();
     routes();
   }
@@ -95,11 +105,12 @@ struct HttpApi::Impl {
     });
     // Runs for every status >= 400, ours included: fill in only bodies nobody wrote (no route,
     // payload too large, ...), so every error is {"detail": ...} as FastAPI answers.
-    server.set_error_handler([](const httplib::Request&, httplib::Response& res) {
-      if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-      res.set_content(http::detail(reason_of(res.status)), "application/json");
-      return httplib::Server::HandlerResponse::Handled;
-    });
+    server.set_error_handler(
+        httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
+          if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+          res.set_content(http::detail(reason_of(res.status)), "application/json");
+          return httplib::Server::HandlerResponse::Handled;
+        }));
     server.set_exception_handler(
         [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
           std::string what = "internal error";
@@ -174,8 +185,8 @@ void HttpApi::Impl::routes() {
     if (!location) return fail(400, location.error().message);
     auto tokens = http::get_int_list(b, "tokens", std::vector<std::int64_t>{});
     if (!tokens) return fail(400, tokens.error().message);
-    return call(M{event_id(prefix), std::move(*instance), std::move(*method),
-                  std::move(*location), std::move(*tokens)});
+    return call(M{event_id(prefix), std::move(*instance), std::move(*method), std::move(*location),
+                  std::move(*tokens)});
   };
   post("/compress", [codec](const Json& b) {
     return codec.template operator()<wire::CompressMsg>("Compress", b);
@@ -192,8 +203,8 @@ void HttpApi::Impl::routes() {
     if (!tokens) return fail(400, tokens.error().message);
     auto copy = http::get_bool(b, "should_copy", false);
     if (!copy) return fail(400, copy.error().message);
-    return call(wire::MoveMsg{event_id("Move"), std::move(*old_position),
-                              std::move(*new_position), std::move(*tokens), *copy});
+    return call(wire::MoveMsg{event_id("Move"), std::move(*old_position), std::move(*new_position),
+                              std::move(*tokens), *copy});
   });
   post("/health", [this](const Json& b) {
     auto instance = http::get_string(b, "instance_id");
@@ -231,8 +242,7 @@ void HttpApi::Impl::routes() {
     if (!instance) return fail(400, instance.error().message);
     auto ids = http::get_nullable_int_list(b, "worker_ids");
     if (!ids) return fail(400, ids.error().message);
-    return call(
-        wire::QueryWorkerInfoMsg{event_id("QueryWorkerInfo"), std::move(*instance), *ids});
+    return call(wire::QueryWorkerInfoMsg{event_id("QueryWorkerInfo"), std::move(*instance), *ids});
   });
   get("/controller/workers", [this](const httplib::Request& req) { return workers(req); });
   get("/controller/key-stats", [this](const httplib::Request&) { return key_stats(); });
@@ -241,8 +251,8 @@ void HttpApi::Impl::routes() {
 
 // Both parameters: one WorkerInfo; instance_id only: that instance's workers; neither: all.
 Reply HttpApi::Impl::workers(const httplib::Request& req) {
-  const std::string instance = req.has_param("instance_id") ? req.get_param_value("instance_id")
-                                                            : std::string();
+  const std::string instance =
+      req.has_param("instance_id") ? req.get_param_value("instance_id") : std::string();
   std::optional<std::int64_t> worker_id;
   if (req.has_param("worker_id")) {
     const std::string text = req.get_param_value("worker_id");
@@ -254,9 +264,8 @@ Reply HttpApi::Impl::workers(const httplib::Request& req) {
   }
   std::vector<std::int64_t> ids;
   if (worker_id) ids.push_back(*worker_id);
-  auto infos = registry.read([&](const Registry& r) {
-    return r.worker_infos(instance.empty() ? "all" : instance, ids);
-  });
+  auto infos = registry.read(
+      [&](const Registry& r) { return r.worker_infos(instance.empty() ? "all" : instance, ids); });
   if (!instance.empty() && worker_id) {
     if (infos.empty())
       return fail(404, "worker " + std::to_string(*worker_id) + " of instance '" + instance +
@@ -300,7 +309,9 @@ Reply HttpApi::Impl::prometheus() {
 HttpApi::HttpApi(Orchestrator& orchestrator, const Guarded<Registry>& registry, Metrics& metrics)
     : impl_(std::make_unique<Impl>(orchestrator, registry, metrics)) {}
 
-HttpApi::~HttpApi() { stop(); }
+HttpApi::~HttpApi() {
+  stop();
+}
 
 Result<int> HttpApi::start(const std::string& host, int port) {
   Impl& s = *impl_;
@@ -322,8 +333,7 @@ Result<int> HttpApi::start(const std::string& host, int port) {
   // httplib's stop() does nothing until the listen loop has started; wait for it so a stop()
   // right after start() cannot leave the thread listening forever.
   const auto give_up = std::chrono::steady_clock::now() + kStartTimeout;
-  while (!s.server.is_running() && !s.listen_returned &&
-         std::chrono::steady_clock::now() < give_up)
+  while (!s.server.is_running() && !s.listen_returned && std::chrono::steady_clock::now() < give_up)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   if (!s.server.is_running()) {
     stop();

@@ -17,14 +17,30 @@ int max_depth(std::string_view text) {
   bool in_string = false, escaped = false;
   for (char c : text) {
     if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
+      if (escaped) {
+        escaped = false;  // the character after a backslash never ends the string
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
       continue;
     }
-    if (c == '"') in_string = true;
-    else if (c == '[' || c == '{') deepest = std::max(deepest, ++depth);
-    else if (c == ']' || c == '}') --depth;
+    switch (c) {
+      case '"':
+        in_string = true;
+        break;
+      case '[':
+      case '{':
+        deepest = std::max(deepest, ++depth);
+        break;
+      case ']':
+      case '}':
+        --depth;
+        break;
+      default:
+        break;
+    }
   }
   return deepest;
 }
@@ -85,7 +101,7 @@ Result<std::vector<std::int64_t>> get_int_list(const Json& body, std::string_vie
 }
 
 Result<std::optional<std::vector<std::int64_t>>> get_nullable_int_list(const Json& body,
-                                                                      std::string_view name) {
+                                                                       std::string_view name) {
   const Json* v = find(body, name);
   if (!v || v->is_null()) return std::optional<std::vector<std::int64_t>>();
   auto list = to_int_list(*v, name);

@@ -30,7 +30,7 @@ Result<std::vector<std::int64_t>> get_int_list(
     std::optional<std::vector<std::int64_t>> fallback = std::nullopt);
 // Missing or null -> nullopt.
 Result<std::optional<std::vector<std::int64_t>>> get_nullable_int_list(const Json& body,
-                                                                      std::string_view name);
+                                                                       std::string_view name);
 Result<bool> get_bool(const Json& body, std::string_view name, bool fallback);
 // [instance_id, location]
 Result<wire::Position> get_position(const Json& body, std::string_view name);

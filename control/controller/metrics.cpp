@@ -39,7 +39,7 @@ std::array<std::uint64_t, LatencyHistogram::kBounds.size() + 1> LatencyHistogram
 }
 
 double LatencyHistogram::sum() const noexcept {
-  return static_cast<double>(sum_ns_.load(std::memory_order_relaxed)) * 1e-9;
+  return static_cast<double>(sum_ns_.load(std::memory_order_relaxed)) / 1e9;
 }
 
 std::uint64_t LatencyHistogram::count() const noexcept {
@@ -99,8 +99,9 @@ class Writer {
     const auto cumulative = h.cumulative();
     const std::string bucket = std::string(name) + "_bucket";
     for (std::size_t i = 0; i < cumulative.size(); ++i) {
-      const std::string le =
-          i < LatencyHistogram::kBounds.size() ? format_double(LatencyHistogram::kBounds[i]) : "+Inf";
+      const std::string le = i < LatencyHistogram::kBounds.size()
+                                 ? format_double(LatencyHistogram::kBounds[i])
+                                 : "+Inf";
       sample(bucket, "le=\"" + le + "\"", cumulative[i]);
     }
     // Count from the buckets, not count_: a scrape between the two increments must not show
@@ -114,8 +115,12 @@ class Writer {
   std::string out_;
 };
 
-std::uint64_t load(const std::atomic<std::uint64_t>& a) { return a.load(std::memory_order_relaxed); }
-int load(const std::atomic<int>& a) { return a.load(std::memory_order_relaxed); }
+std::uint64_t load(const std::atomic<std::uint64_t>& a) {
+  return a.load(std::memory_order_relaxed);
+}
+int load(const std::atomic<int>& a) {
+  return a.load(std::memory_order_relaxed);
+}
 
 }  // namespace
 
@@ -130,8 +135,7 @@ std::string render_prometheus(const Metrics& m, const RegistryStats& stats) {
   lm("kv_pool_keys_count", "Number of (chunk, worker, location) keys in the KV pool", stats.keys);
   lm("registered_workers_count", "Number of registered workers", stats.workers);
   lm("pull_socket_message_count", "Messages received on the PULL socket", load(m.pull_messages));
-  lm("reply_socket_message_count", "Messages received on the reply socket",
-     load(m.reply_messages));
+  lm("reply_socket_message_count", "Messages received on the reply socket", load(m.reply_messages));
   lm("pull_socket_has_pending", "Whether the PULL socket had input queued at its last poll",
      load(m.pull_has_pending));
   lm("reply_socket_has_pending", "Whether the reply socket had input queued at its last poll",
@@ -162,13 +166,11 @@ std::string render_prometheus(const Metrics& m, const RegistryStats& stats) {
   w.header("kvnode_controller_messages_total", "counter", "Messages taken off each socket");
   w.sample("kvnode_controller_messages_total", "socket=\"pull\"", load(m.pull_messages));
   w.sample("kvnode_controller_messages_total", "socket=\"reply\"", load(m.reply_messages));
-  w.sample("kvnode_controller_messages_total", "socket=\"heartbeat\"",
-           load(m.heartbeat_messages));
+  w.sample("kvnode_controller_messages_total", "socket=\"heartbeat\"", load(m.heartbeat_messages));
   w.family("kvnode_controller_workers_reaped_total", "counter",
            "Workers removed for missing heartbeats", "", load(m.workers_reaped));
   w.family("kvnode_controller_fanout_timeouts_total", "counter",
-           "Per-worker control requests that missed their deadline", "",
-           load(m.fanout_timeouts));
+           "Per-worker control requests that missed their deadline", "", load(m.fanout_timeouts));
   w.family("kvnode_controller_http_requests_total", "counter", "HTTP requests served", "",
            load(m.http_requests));
   w.family("kvnode_controller_instances", "gauge", "Registered instances", "", stats.instances);
@@ -176,8 +178,7 @@ std::string render_prometheus(const Metrics& m, const RegistryStats& stats) {
            stats.index_memory_bytes);
   w.histogram("kvnode_controller_p2p_lookup_seconds",
               "BatchedP2PLookupMsg latency, receive to reply sent", m.p2p_lookup_latency);
-  w.histogram("kvnode_controller_lookup_seconds", "Orchestrator lookup latency",
-              m.lookup_latency);
+  w.histogram("kvnode_controller_lookup_seconds", "Orchestrator lookup latency", m.lookup_latency);
   return w.take();
 }
 

@@ -28,14 +28,15 @@ struct CallState {
     std::vector<WorkerOutcome> all;
     all.reserve(outcomes.size());
     for (const auto& o : outcomes) all.push_back(*o);
-    if (auto log = events.lock()) log->update(event_id, ticket, record_of(operation, judge(labels, all)));
+    if (auto log = events.lock())
+      log->update(event_id, ticket, record_of(operation, judge(labels, all)));
   }
 
   void on_late(std::size_t index, std::string reply) {
     std::lock_guard lock(mutex);
     if (index >= outcomes.size()) return;
-    outcomes[index] = interpret_tokens_reply(Result<std::string>(std::move(reply)), expected_tag,
-                                             deadline);
+    outcomes[index] =
+        interpret_tokens_reply(Result<std::string>(std::move(reply)), expected_tag, deadline);
     if (finalized) publish_locked();
   }
 };

@@ -30,9 +30,9 @@ WorkerOutcome interpret_tokens_reply(const Result<std::string>& reply,
   if (const auto* err = std::get_if<wire::ErrorMsg>(&*msg)) return WorkerFailure{err->error, false};
   const std::string_view tag = wire::tag_of(*msg);
   if (tag != expected_tag)
-    return WorkerFailure{"unexpected reply " + std::string(tag) + " (expected " +
-                             std::string(expected_tag) + ")",
-                         false};
+    return WorkerFailure{
+        "unexpected reply " + std::string(tag) + " (expected " + std::string(expected_tag) + ")",
+        false};
   return std::visit(
       [](const auto& m) -> WorkerOutcome {
         if constexpr (requires { m.num_tokens; }) {

@@ -23,8 +23,8 @@ std::string Uuid4Generator::next() {
     hi = rng_();
     lo = rng_();
   }
-  hi = (hi & ~0xF000ull) | 0x4000ull;                       // version 4 (bits 12-15 of time_hi)
-  lo = (lo & ~(0xC0ull << 56)) | (0x80ull << 56);           // RFC 4122 variant (10xx)
+  hi = (hi & ~0xF000ull) | 0x4000ull;              // version 4 (bits 12-15 of time_hi)
+  lo = (lo & ~(0xC0ull << 56)) | (0x80ull << 56);  // RFC 4122 variant (10xx)
   std::array<std::uint8_t, 16> bytes{};
   for (int i = 0; i < 8; ++i) {
     bytes[i] = static_cast<std::uint8_t>(hi >> (56 - 8 * i));

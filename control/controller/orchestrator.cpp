@@ -38,9 +38,12 @@ FanOutTarget target_of(const WorkerEndpoint& e, const wire::Msg& payload) {
 
 std::string_view to_string(EventRecord::State state) {
   switch (state) {
-    case EventRecord::State::kPending: return "pending";
-    case EventRecord::State::kDone: return "done";
-    case EventRecord::State::kFailed: return "failed";
+    case EventRecord::State::kPending:
+      return "pending";
+    case EventRecord::State::kDone:
+      return "done";
+    case EventRecord::State::kFailed:
+      return "failed";
   }
   return "unknown";
 }
@@ -128,8 +131,7 @@ struct Orchestrator::Impl {
     auto infos = registry.read([&](const Registry& r) {
       return r.worker_infos(m.instance_id, m.worker_ids ? *m.worker_ids : kAll);
     });
-    return OrchReply{wire::QueryWorkerInfoRetMsg{m.event_id, std::move(infos)}, 200,
-                     std::nullopt};
+    return OrchReply{wire::QueryWorkerInfoRetMsg{m.event_id, std::move(infos)}, 200, std::nullopt};
   }
 
   OrchReply on(const wire::ClearMsg& m) {
@@ -190,10 +192,9 @@ struct Orchestrator::Impl {
                               " has no peer_init_url, so worker " + std::to_string(s.worker_id) +
                               " of " + src_id + " cannot reach it",
                           400);
-      wire::MoveWorkerMsg payload{"MoveWorker" + std::to_string(s.worker_id) + uuids.next(),
-                                  m.old_position.location,
-                                  wire::Position{*d.peer_init_url, m.new_position.location},
-                                  m.tokens, m.copy};
+      wire::MoveWorkerMsg payload{
+          "MoveWorker" + std::to_string(s.worker_id) + uuids.next(), m.old_position.location,
+          wire::Position{*d.peer_init_url, m.new_position.location}, m.tokens, m.copy};
       call.labels.push_back(label_of(s));
       call.targets.push_back(target_of(s, payload));
     }

@@ -1,0 +1,648 @@
+// bench_controller: kvcontroller end to end over tcp loopback, each figure beside a bare-ZMQ
+// baseline measured in the same run (these machines are noisy: compare ratios, not absolutes).
+// The controller and each baseline run in child processes; this process generates the load.
+//   ingest     BatchedKVOperationMsg admits, batch 50 and 1000, vs a bare PULL that counts frames
+//   lookup     BatchedP2PLookupMsg round trips (1/100/1000 hashes) vs a bare ROUTER echo, idle,
+//              under continuous ingest, and (1 hash) during a burst of 1 M admits
+//   heartbeat  CPU of the controller answering 10 k workers at 1 Hz, vs the bare echo
+//   memory     in-process Registry at 10 M (chunk, holder) entries: bytes, admit/evict/lookup ns
+// Usage: bench_controller [--quick] [--only ingest|lookup|heartbeat|memory]
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include "controller_bench_proc.hpp"
+#include "kvnode/controller/controller.hpp"
+#include "kvnode/controller/registry.hpp"
+#include "kvnode/wire/codec.hpp"
+
+namespace {
+
+namespace wire = kvnode::wire;
+namespace ctl = kvnode::controller;
+using bench::Child;
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+constexpr const char* kLocation = "LocalCPUBackend";
+constexpr const char* kHolder = "inst-holder";  // holds the keys that lookups hit
+constexpr const char* kProbe = "inst-probe";    // asks: another instance, so hits are real
+constexpr const char* kLoad = "inst-load";      // pushes the admits
+constexpr std::uint64_t kHeldSeed = 1, kLoadSeed = 2, kBurstSeed = 3, kIngestSeed = 4;
+constexpr std::uint64_t kBurstOps = 1'000'000;  // the burst
+
+struct Scale {
+  std::uint64_t ingest_ops;
+  int reps;
+  int lookups;  // round trips per case and repetition
+  double heartbeat_s;
+  std::uint64_t mem_entries;
+};
+constexpr Scale kFull{3'000'000, 3, 2000, 10, 10'000'000};
+constexpr Scale kQuick{300'000, 1, 300, 2.5, 1'000'000};
+
+[[gnu::format(printf, 1, 2)]] std::string strf(const char* format, ...) {
+  char buf[256];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(buf, sizeof buf, format, args);
+  va_end(args);
+  return buf;
+}
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// ---- messages ----
+
+// CPython-style chunk hashes: uniform signed 64-bit; key i of stream `seed` (splitmix64).
+wire::ChunkHash chunk_hash(std::uint64_t seed, std::uint64_t i) {
+  std::uint64_t z = (seed << 40) + i + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return wire::ChunkHash(static_cast<std::int64_t>(z ^ (z >> 31)));
+}
+
+template <class M>  // RegisterMsg or HeartbeatMsg: worker 0 of `instance`, with a peer URL
+M address(const std::string& instance) {
+  return M{instance, 0, "127.0.0.1", 8500, "peer://" + instance};
+}
+
+// `n` admits with seq numbers first.. and keys (first..) % pool of stream `seed`.
+std::string admits(const std::string& instance, std::uint64_t seed, std::uint64_t first,
+                   std::uint64_t n, std::uint64_t pool = UINT64_MAX) {
+  wire::BatchedKVOperationMsg msg{instance, 0, kLocation, {}};
+  for (std::uint64_t i = first; i < first + n; ++i)
+    msg.operations.push_back(
+        {wire::OpType::kAdmit, chunk_hash(seed, i % pool), static_cast<std::int64_t>(i)});
+  return wire::encode(wire::Msg{std::move(msg)});
+}
+
+std::string lookup_msg(std::uint64_t seed, std::uint64_t first, std::uint64_t n) {
+  wire::BatchedP2PLookupMsg msg{{}, kProbe, 0};
+  for (std::uint64_t i = first; i < first + n; ++i) msg.hashes.push_back(chunk_hash(seed, i));
+  return wire::encode(wire::Msg{std::move(msg)});
+}
+
+std::int64_t hits(const std::string& reply) {
+  auto msg = wire::decode(reply);
+  const auto* ret = msg ? std::get_if<wire::BatchedP2PLookupRetMsg>(&*msg) : nullptr;
+  if (!ret) throw std::runtime_error("not a BatchedP2PLookupRetMsg: " + reply);
+  return ret->layout_info.at(0).num_hit_chunks;
+}
+
+// ---- sockets ----
+
+std::string tcp(int port) {
+  return "tcp://127.0.0.1:" + std::to_string(port);
+}
+
+zmq::socket_t connect(zmq::context_t& ctx, zmq::socket_type type, int port) {
+  zmq::socket_t s(ctx, type);
+  s.set(zmq::sockopt::linger, 0);        // teardown never waits on a dead peer
+  s.set(zmq::sockopt::rcvtimeo, 30000);  // a dead controller fails the bench, not hangs it
+  s.connect(tcp(port));
+  return s;
+}
+
+int bind_ephemeral(zmq::socket_t& s) {
+  s.bind("tcp://127.0.0.1:*");
+  const std::string endpoint = s.get(zmq::sockopt::last_endpoint);
+  return std::stoi(endpoint.substr(endpoint.rfind(':') + 1));
+}
+
+void send_request(zmq::socket_t& dealer, std::string_view payload) {
+  dealer.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::sndmore);  // ["", payload]
+  dealer.send(zmq::buffer(payload), zmq::send_flags::none);
+}
+
+std::string recv_reply(zmq::socket_t& dealer) {
+  std::vector<zmq::message_t> frames;
+  if (!zmq::recv_multipart(dealer, std::back_inserter(frames)))
+    throw std::runtime_error("no reply within 30 s");
+  return frames.back().to_string();
+}
+
+std::string request(zmq::socket_t& dealer, std::string_view payload) {
+  send_request(dealer, payload);
+  return recv_reply(dealer);
+}
+
+double round_trip_us(zmq::socket_t& dealer, std::string_view payload) {
+  const auto start = Clock::now();
+  (void)request(dealer, payload);
+  return seconds_since(start) * 1e6;
+}
+
+// PULL frames are applied in order, so once a stream's last key is found, all of it was.
+void wait_applied(zmq::socket_t& dealer, const std::string& last_key_lookup) {
+  const auto start = Clock::now();
+  while (hits(request(dealer, last_key_lookup)) == 0) {
+    if (seconds_since(start) > 120) throw std::runtime_error("admits not applied after 120 s");
+    std::this_thread::sleep_for(200us);
+  }
+}
+
+// ---- child roles (run as `bench_controller --child ROLE ARGS... FD`) ----
+
+struct Ports {
+  int pull, reply, heartbeat;
+};
+
+// "controller": kvcontroller as its main runs it, on ephemeral ports, until killed.
+void serve_controller(int fd) {
+  spdlog::set_level(spdlog::level::warn);  // 10 k registrations would log 10 k info lines
+  ctl::ControllerConfig config;
+  config.controller_host = "127.0.0.1";
+  config.controller_port = 0;
+  config.controller_monitor_ports = {0, 0, 0};
+  auto c = ctl::Controller::start(config);
+  if (!c) throw std::runtime_error(c.error().message);
+  const ctl::BoundPorts& p = (*c)->ports();
+  bench::report(fd, Ports{p.pull, p.reply, p.heartbeat});
+  for (;;) ::pause();
+}
+
+// "push": `total` admits from kLoad (0: until killed) in batches of 1000, keys cycling over
+// `pool`, as fast as the controller takes them.
+void push_admits(int pull_port, std::uint64_t seed, std::uint64_t total, std::uint64_t pool) {
+  zmq::context_t ctx(1);
+  zmq::socket_t push(ctx, zmq::socket_type::push);
+  push.connect(tcp(pull_port));
+  for (std::uint64_t sent = 0; total == 0 || sent < total; sent += 1000)
+    push.send(zmq::buffer(admits(kLoad, seed, sent, 1000, pool)), zmq::send_flags::none);
+}  // ~context_t waits (linger -1) until every frame has left
+
+// "sink": the bare ingest baseline, a PULL that receives n frames and only counts them.
+void sink_frames(int fd, std::uint64_t n) {
+  zmq::context_t ctx(1);
+  zmq::socket_t pull(ctx, zmq::socket_type::pull);
+  pull.set(zmq::sockopt::rcvhwm, 10000);  // as the controller's PULL
+  bench::report(fd, bind_ephemeral(pull));
+  zmq::message_t frame;
+  for (std::uint64_t i = 0; i < n; ++i) (void)pull.recv(frame);
+  bench::report(fd, std::uint64_t{1});
+}
+
+// "echo": the bare request baseline, a ROUTER answering [id, "", request] with
+// [id, "", reply_size bytes]: ZMQ's cost alone.
+void echo(int fd, std::size_t reply_size) {
+  zmq::context_t ctx(1);
+  zmq::socket_t router(ctx, zmq::socket_type::router);
+  bench::report(fd, bind_ephemeral(router));
+  const std::string reply(reply_size, 'x');
+  for (std::vector<zmq::message_t> frames;; frames.clear()) {
+    (void)zmq::recv_multipart(router, std::back_inserter(frames));
+    router.send(frames.front(), zmq::send_flags::sndmore);
+    router.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::sndmore);
+    router.send(zmq::buffer(reply), zmq::send_flags::none);
+  }
+}
+
+// ---- starting children ----
+
+// A child and the ports it reported once it was ready.
+template <class P>
+struct Spawned {
+  Child child;
+  P ports;
+};
+
+template <class P>
+Spawned<P> spawn(std::vector<std::string> args) {
+  Child child(std::move(args));
+  const auto ports = child.receive<P>();
+  return {std::move(child), ports};
+}
+using ControllerProc = Spawned<Ports>;
+ControllerProc start_controller() {
+  return spawn<Ports>({"controller"});
+}
+Spawned<int> start_echo(std::size_t reply_size) {
+  return spawn<int>({"echo", std::to_string(reply_size)});
+}
+
+Child start_pusher(int pull_port, std::uint64_t seed, std::uint64_t total, std::uint64_t pool) {
+  return Child({"push", std::to_string(pull_port), std::to_string(seed), std::to_string(total),
+                std::to_string(pool)});
+}
+
+void register_workers(zmq::context_t& ctx, int reply_port, const std::vector<std::string>& ids) {
+  auto dealer = connect(ctx, zmq::socket_type::dealer, reply_port);
+  for (std::size_t i = 0; i < ids.size(); i += 500) {  // pipelined, 500 in flight
+    const std::size_t end = std::min(ids.size(), i + 500);
+    for (std::size_t j = i; j < end; ++j)
+      send_request(dealer, wire::encode(wire::Msg{address<wire::RegisterMsg>(ids[j])}));
+    for (std::size_t j = i; j < end; ++j) (void)recv_reply(dealer);
+  }
+}
+
+// A controller where kHolder holds keys 0..999 of kHeldSeed and kLoad may push.
+ControllerProc start_lookup_controller() {
+  ControllerProc c = start_controller();
+  zmq::context_t ctx;
+  register_workers(ctx, c.ports.reply, {kHolder, kLoad});
+  auto push = connect(ctx, zmq::socket_type::push, c.ports.pull);
+  push.send(zmq::buffer(admits(kHolder, kHeldSeed, 0, 1000)), zmq::send_flags::none);
+  auto probe = connect(ctx, zmq::socket_type::dealer, c.ports.reply);
+  wait_applied(probe, lookup_msg(kHeldSeed, 999, 1));
+  return c;
+}
+
+// ---- results ----
+
+struct Row {
+  std::string what, measured, baseline, ratio, target, verdict;
+};
+using Report = std::vector<Row>;
+
+std::string verdict(bool met) {
+  return met ? "met" : "**missed**";
+}
+
+void print(const Report& report) {
+  std::printf("\n| measurement | median | baseline (same run) | ratio | target | result |\n");
+  std::printf("|---|---:|---:|---:|---|---|\n");
+  for (const Row& r : report)
+    std::printf("| %s | %s | %s | %s | %s | %s |\n", r.what.c_str(), r.measured.c_str(),
+                r.baseline.c_str(), r.ratio.c_str(), r.target.c_str(), r.verdict.c_str());
+}
+
+// Round trips in us, pooled over the repetitions.
+std::string p50_p99(const std::vector<double>& us) {
+  return strf("%.0f / %.0f us", bench::median(us), bench::percentile(us, 0.99));
+}
+
+// ---- 1. ingest ----
+
+struct IngestRun {
+  double seconds, cpu_seconds;  // wall time; CPU of the receiving process
+};
+
+// Sends every frame on a fresh PUSH; from the first send until wait_done() returns.
+template <class F>
+IngestRun push_frames(zmq::context_t& ctx, int port, pid_t receiver,
+                      const std::vector<std::string>& frames, F&& wait_done) {
+  auto push = connect(ctx, zmq::socket_type::push, port);
+  std::this_thread::sleep_for(50ms);  // let the TCP connection settle before the clock starts
+  const double cpu0 = bench::cpu_seconds(receiver);
+  const auto start = Clock::now();
+  for (const auto& f : frames) push.send(zmq::buffer(f), zmq::send_flags::none);
+  wait_done();
+  return {seconds_since(start), bench::cpu_seconds(receiver) - cpu0};
+}
+
+IngestRun ingest_controller(const std::vector<std::string>& frames, const std::string& last) {
+  ControllerProc c = start_controller();
+  zmq::context_t ctx;
+  register_workers(ctx, c.ports.reply, {kLoad});
+  auto probe = connect(ctx, zmq::socket_type::dealer, c.ports.reply);
+  return push_frames(ctx, c.ports.pull, c.child.pid(), frames, [&] { wait_applied(probe, last); });
+}
+
+IngestRun ingest_bare_pull(const std::vector<std::string>& frames) {
+  Spawned<int> sink = spawn<int>({"sink", std::to_string(frames.size())});
+  zmq::context_t ctx;
+  return push_frames(ctx, sink.ports, sink.child.pid(), frames,
+                     [&] { (void)sink.child.receive<std::uint64_t>(); });
+}
+
+void run_ingest(const Scale& scale, Report& report) {
+  const std::uint64_t ops = scale.ingest_ops;
+  const auto mops = [ops](const IngestRun& r) {
+    return static_cast<double>(ops) / r.seconds / 1e6;
+  };
+  const auto cpu_ns = [ops](const IngestRun& r) {
+    return r.cpu_seconds * 1e9 / static_cast<double>(ops);
+  };
+  for (const std::uint64_t batch : {50, 1000}) {
+    std::vector<std::string> frames;
+    for (std::uint64_t first = 0; first < ops; first += batch)
+      frames.push_back(admits(kLoad, kIngestSeed, first, batch));
+    const std::string last = lookup_msg(kIngestSeed, ops - 1, 1);
+    std::vector<double> rate, bare_rate, cpu, bare_cpu;
+    for (int rep = 0; rep < scale.reps; ++rep) {
+      std::fprintf(stderr, "ingest: batch %lu, repetition %d\n", batch, rep + 1);
+      const IngestRun c = ingest_controller(frames, last), b = ingest_bare_pull(frames);
+      rate.push_back(mops(c));
+      bare_rate.push_back(mops(b));
+      cpu.push_back(cpu_ns(c));
+      bare_cpu.push_back(cpu_ns(b));
+    }
+    const double r = bench::median(rate), b = bench::median(bare_rate);
+    const bool big = batch == 1000;
+    report.push_back({strf("ingest, batch %lu, %.1f M admits", batch, ops / 1e6),
+                      strf("%.2f M ops/s", r), strf("bare PULL %.2f M ops/s", b),
+                      strf("%.2fx", r / b), big ? ">= 5 M ops/s and >= 0.5x bare" : "",
+                      big ? verdict(r >= 5 && r / b >= 0.5) : ""});
+    report.push_back({strf("ingest, batch %lu: CPU of the receiving process per op", batch),
+                      strf("%.0f ns", bench::median(cpu)),
+                      strf("bare PULL %.0f ns", bench::median(bare_cpu)), "", "", ""});
+  }
+}
+
+// ---- 2. lookup ----
+
+void measure_lookups(const char* when, zmq::socket_t& controller, zmq::socket_t& echo,
+                     const Scale& scale, Report& report) {
+  for (const std::uint64_t n : {1, 100, 1000}) {
+    const std::string payload = lookup_msg(kHeldSeed, 0, n);
+    if (hits(request(controller, payload)) != static_cast<std::int64_t>(n))
+      throw std::runtime_error("a lookup of held keys did not hit them all");
+    std::vector<double> c, e;
+    for (int rep = 0; rep < scale.reps; ++rep)  // alternating, so drift hits both alike
+      for (auto [us, dealer] : {std::pair{&c, &controller}, std::pair{&e, &echo}})
+        for (int i = 0; i < scale.lookups; ++i) us->push_back(round_trip_us(*dealer, payload));
+    const double ratio = bench::median(c) / bench::median(e);
+    report.push_back({strf("P2P lookup, %lu hash(es), %s: p50 / p99", n, when), p50_p99(c),
+                      "echo " + p50_p99(e), strf("%.2fx", ratio), "p50 <= 1.3x echo",
+                      verdict(ratio <= 1.3)});
+  }
+}
+
+// 1-hash lookups, each followed by an echo round trip (same conditions), while kBurstOps
+// admits arrive; every 32nd step asks whether the burst's last key is in yet.
+void measure_burst(const Scale& scale, std::size_t reply_size, Report& report) {
+  std::vector<double> c, e, worst, burst_s;
+  for (int rep = 0; rep < scale.reps; ++rep) {
+    std::fprintf(stderr, "lookup: burst, repetition %d\n", rep + 1);
+    ControllerProc proc = start_lookup_controller();
+    Spawned<int> echo_proc = start_echo(reply_size);
+    zmq::context_t ctx;
+    auto controller = connect(ctx, zmq::socket_type::dealer, proc.ports.reply);
+    auto echo = connect(ctx, zmq::socket_type::dealer, echo_proc.ports);
+    const std::string hit = lookup_msg(kHeldSeed, 0, 1);
+    const std::string done = lookup_msg(kBurstSeed, kBurstOps - 1, 1);
+    const auto start = Clock::now();
+    Child burst = start_pusher(proc.ports.pull, kBurstSeed, kBurstOps, kBurstOps);
+    double slowest = 0;
+    for (int i = 1; i % 32 != 0 || hits(request(controller, done)) == 0; ++i) {
+      c.push_back(round_trip_us(controller, hit));
+      e.push_back(round_trip_us(echo, hit));
+      slowest = std::max(slowest, c.back() / 1e3);
+      if (seconds_since(start) > 120) throw std::runtime_error("burst not applied after 120 s");
+    }
+    burst_s.push_back(seconds_since(start));
+    worst.push_back(slowest);
+  }
+  const double p99 = bench::percentile(c, 0.99);
+  report.push_back({"P2P lookup, 1 hash, during a burst of 1 M admits: p50 / p99", p50_p99(c),
+                    "echo " + p50_p99(e), strf("p99 %.2fx", p99 / bench::percentile(e, 0.99)),
+                    "p99 <= 5 ms", verdict(p99 <= 5000)});
+  report.push_back({"  burst: slowest lookup; time until all 1 M admits were applied",
+                    strf("%.1f ms; %.2f s", bench::median(worst), bench::median(burst_s)), "", "",
+                    "LMCache: answers only after the burst, 1.7-3.5 s", ""});
+}
+
+void run_lookup(const Scale& scale, Report& report) {
+  ControllerProc proc = start_lookup_controller();
+  const std::size_t reply_size =
+      wire::encode(wire::Msg{wire::BatchedP2PLookupRetMsg{
+                       {{kHolder, kLocation, 1000, std::string("peer://") + kHolder}}}})
+          .size();
+  Spawned<int> echo_proc = start_echo(reply_size);  // as big as the controller's reply
+  zmq::context_t ctx;
+  auto controller = connect(ctx, zmq::socket_type::dealer, proc.ports.reply);
+  auto echo = connect(ctx, zmq::socket_type::dealer, echo_proc.ports);
+  std::fprintf(stderr, "lookup: idle\n");
+  measure_lookups("idle", controller, echo, scale, report);
+  {
+    std::fprintf(stderr, "lookup: under ingest load\n");
+    // Keys cycle over a bounded pool, as a worker's cache has a fixed size: after the first
+    // pass the index stops growing, so this measures steady ingest, not table rebuilds.
+    Child load = start_pusher(proc.ports.pull, kLoadSeed, 0, 1'000'000);
+    std::this_thread::sleep_for(1s);
+    measure_lookups("under ingest", controller, echo, scale, report);
+  }
+  measure_burst(scale, reply_size, report);
+}
+
+// ---- 3. heartbeats ----
+
+struct Load {
+  double target_cpu, own_cpu, rate;  // CPU in fractions of a core; messages/s
+  std::uint64_t sent, answered;
+};
+
+// Sends payloads[i % n] to a ROUTER, n per second spread evenly (each worker at 1 Hz), over
+// 4 DEALERs, for `seconds`; the CPU the ROUTER's process and this one used meanwhile.
+Load heartbeat_load(int port, pid_t target, const std::vector<std::string>& payloads,
+                    double seconds) {
+  zmq::context_t ctx;
+  std::vector<zmq::socket_t> dealers;
+  for (int i = 0; i < 4; ++i) dealers.push_back(connect(ctx, zmq::socket_type::dealer, port));
+  std::uint64_t sent = 0, answered = 0;
+  const auto drain = [&] {
+    std::vector<zmq::message_t> frames;
+    for (auto& d : dealers)
+      for (; zmq::recv_multipart(d, std::back_inserter(frames), zmq::recv_flags::dontwait);
+           frames.clear())
+        ++answered;
+  };
+  const double cpu0 = bench::cpu_seconds(target), own0 = bench::cpu_seconds(::getpid());
+  const auto start = Clock::now();
+  for (double t = 0; t < seconds; t = seconds_since(start)) {
+    for (const auto due = static_cast<std::uint64_t>(t * payloads.size()); sent < due; ++sent)
+      send_request(dealers[sent % dealers.size()], payloads[sent % payloads.size()]);
+    drain();
+    std::this_thread::sleep_for(2ms);
+  }
+  const double wall = seconds_since(start);
+  Load load{(bench::cpu_seconds(target) - cpu0) / wall,
+            (bench::cpu_seconds(::getpid()) - own0) / wall, sent / wall, sent, 0};
+  for (const auto until = Clock::now() + 5s; answered < sent && Clock::now() < until;) {
+    drain();
+    std::this_thread::sleep_for(1ms);
+  }
+  load.answered = answered;
+  return load;
+}
+
+void run_heartbeat(const Scale& scale, Report& report) {
+  constexpr int kWorkers = 10000;
+  std::vector<std::string> ids, beats;
+  for (int i = 0; i < kWorkers; ++i) ids.push_back("inst-" + std::to_string(i));
+  for (const auto& id : ids)
+    beats.push_back(wire::encode(wire::Msg{address<wire::HeartbeatMsg>(id)}));
+  ControllerProc proc = start_controller();
+  std::size_t reply_size = 0;
+  {
+    std::fprintf(stderr, "heartbeat: registering %d workers\n", kWorkers);
+    zmq::context_t ctx;
+    register_workers(ctx, proc.ports.reply, ids);
+    auto dealer = connect(ctx, zmq::socket_type::dealer, proc.ports.heartbeat);
+    const std::string reply = request(dealer, beats[0]);
+    if (!std::holds_alternative<wire::HeartbeatRetMsg>(*wire::decode(reply)))
+      throw std::runtime_error("a heartbeat was not answered with a HeartbeatRetMsg");
+    reply_size = reply.size();
+  }
+  Spawned<int> echo = start_echo(reply_size);
+  // Short windows, alternating between the controller and the echo, so both see the same
+  // neighbours; medians over the windows.
+  std::vector<double> cpu, echo_cpu, own, echo_own;
+  Load last{};
+  std::fprintf(stderr, "heartbeat: 2.5 s windows on the controller and the echo\n");
+  for (double t = 0; t < scale.heartbeat_s; t += 2.5) {
+    last = heartbeat_load(proc.ports.heartbeat, proc.child.pid(), beats, 2.5);
+    const Load e = heartbeat_load(echo.ports, echo.child.pid(), beats, 2.5);
+    cpu.push_back(last.target_cpu);
+    own.push_back(last.own_cpu);
+    echo_cpu.push_back(e.target_cpu);
+    echo_own.push_back(e.own_cpu);
+  }
+  const double c = bench::median(cpu), e = bench::median(echo_cpu);
+  report.push_back(
+      {strf("heartbeats, 10 k workers at 1 Hz (%.0f/s; last window %lu of %lu answered): CPU",
+            last.rate, last.answered, last.sent),
+       strf("%.1f %% of a core", 100 * c), strf("echo %.1f %%", 100 * e), strf("%.2fx", c / e),
+       "<= 10 % of a core", verdict(c <= 0.10)});
+  report.push_back({"  heartbeats: CPU of the load generator (this process)",
+                    strf("%.1f %%", 100 * bench::median(own)),
+                    strf("echo run %.1f %%", 100 * bench::median(echo_own)), "", "", ""});
+}
+
+// ---- 4. index memory (in process) ----
+
+void run_memory_case(const Scale& scale, int holders, Report& report) {
+  constexpr std::uint64_t kBatch = 1000;
+  const std::uint64_t batches = scale.mem_entries / holders / kBatch;
+  const std::vector<std::string> workers{"mem-0", "mem-1", "mem-2", "mem-3"};
+  const std::size_t rss0 = bench::rss_bytes();
+  ctl::Registry registry;
+  for (const auto& w : workers) registry.register_worker(address<wire::RegisterMsg>(w), 0.0);
+  wire::BatchedKVOperationMsg batch{"", 0, kLocation, {}};
+  const auto fill = [&](std::uint64_t b, wire::OpType op) {
+    batch.operations.clear();
+    for (std::uint64_t i = b * kBatch; i < (b + 1) * kBatch; ++i)
+      batch.operations.push_back({op, chunk_hash(kHeldSeed, i), static_cast<std::int64_t>(i)});
+  };
+  // Batch b goes to workers b % 4 .. (b + holders - 1) % 4: each holds the whole batch.
+  // The longest apply is how long the controller's PULL thread holds the registry's write lock.
+  double longest_ns = 0;
+  const auto apply_all = [&](std::uint64_t count, wire::OpType op) {
+    double ns = 0;
+    for (std::uint64_t b = 0; b < count; ++b) {
+      fill(b, op);
+      for (int h = 0; h < holders; ++h) {
+        batch.instance_id = workers[(b + h) % workers.size()];
+        const double t = bench::thread_cpu_ns();
+        (void)registry.apply(batch);
+        const double spent = bench::thread_cpu_ns() - t;
+        longest_ns = std::max(longest_ns, spent);
+        ns += spent;
+      }
+    }
+    return ns / static_cast<double>(count * holders * kBatch);
+  };
+  std::fprintf(stderr, "memory: %d holder(s) per chunk\n", holders);
+  const double admit_ns = apply_all(batches, wire::OpType::kAdmit);
+  const ctl::RegistryStats stats = registry.stats();
+  const double entries = static_cast<double>(stats.keys);
+  const double rss_per = static_cast<double>(bench::rss_bytes() - rss0) / entries;
+  const double index_per = static_cast<double>(stats.index_memory_bytes) / entries;
+
+  wire::BatchedP2PLookupMsg lookup{{}, kProbe, 0};
+  const std::uint64_t lookups = std::min<std::uint64_t>(batches, 1000);
+  double lookup_ns = 0;
+  for (std::uint64_t k = 0; k < lookups; ++k) {
+    fill((k * 7919) % batches, wire::OpType::kAdmit);  // scattered over the whole index
+    lookup.hashes.clear();
+    for (const auto& op : batch.operations) lookup.hashes.push_back(op.key);
+    const double t = bench::thread_cpu_ns();
+    const auto ret = registry.p2p_lookup(lookup);
+    lookup_ns += bench::thread_cpu_ns() - t;
+    if (ret.layout_info.at(0).num_hit_chunks != static_cast<std::int64_t>(kBatch))
+      throw std::runtime_error("an in-process lookup missed held keys");
+  }
+  lookup_ns /= static_cast<double>(lookups * kBatch);
+  const double evict_ns = apply_all(lookups, wire::OpType::kEvict);
+
+  report.push_back({strf("index, %.0f M entries (%d holder(s) per chunk): bytes per entry",
+                         entries / 1e6, holders),
+                    strf("%.1f B", index_per), strf("RSS growth %.1f B", rss_per), "", "<= 48 B",
+                    verdict(index_per <= 48 && rss_per <= 48)});
+  report.push_back(
+      {"  same index: admit / evict per op, lookup per hash; longest 1000-op apply",
+       strf("%.0f / %.0f / %.0f ns; %.1f ms", admit_ns, evict_ns, lookup_ns, longest_ns / 1e6),
+       "thread CPU", "", "", ""});
+}
+
+std::string loadavg() {
+  std::ifstream in("/proc/loadavg");
+  std::string one, five;
+  in >> one >> five;
+  return one + " " + five;
+}
+
+// `--child ROLE ARGS... FD`: one of the child roles above, reporting through pipe FD.
+void child_main(const std::vector<std::string>& args) {
+  const int fd = std::stoi(args.back());
+  const auto arg = [&](std::size_t i) { return std::stoull(args.at(i)); };
+  const std::string& role = args.at(0);
+  if (role == "controller") serve_controller(fd);
+  if (role == "sink") sink_frames(fd, arg(1));
+  if (role == "echo") echo(fd, arg(1));
+  if (role == "push") push_admits(static_cast<int>(arg(1)), arg(2), arg(3), arg(4));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  if (!args.empty() && args[0] == "--child") {
+    try {
+      child_main({args.begin() + 1, args.end()});
+      return 0;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "bench_controller --child %s: %s\n", args.at(1).c_str(), e.what());
+      return 1;
+    }
+  }
+  Scale scale = kFull;
+  std::string only;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--quick") {
+      scale = kQuick;
+    } else if (args[i] == "--only" && i + 1 < args.size()) {
+      only = args[++i];
+    } else if (args[i].starts_with("--benchmark_")) {
+      // ./dev.sh bench passes Google Benchmark's flags to every bench_*: run as usual.
+    } else {
+      std::fprintf(stderr,
+                   "usage: bench_controller [--quick] [--only ingest|lookup|heartbeat|memory]\n");
+      return 2;
+    }
+  }
+  const auto wanted = [&](const char* part) { return only.empty() || only == part; };
+  std::printf("bench_controller: %d repetition(s), %u cores, load average %s\n", scale.reps,
+              std::thread::hardware_concurrency(), loadavg().c_str());
+  Report report;
+  int rc = 0;
+  try {
+    if (wanted("ingest")) run_ingest(scale, report);
+    if (wanted("lookup")) run_lookup(scale, report);
+    if (wanted("heartbeat")) run_heartbeat(scale, report);
+    if (wanted("memory")) {
+      run_memory_case(scale, 1, report);
+      run_memory_case(scale, 2, report);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_controller: %s\n", e.what());
+    rc = 1;
+  }
+  print(report);
+  std::printf("\nload average at the end: %s\n", loadavg().c_str());
+  return rc;
+}

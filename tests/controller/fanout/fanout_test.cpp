@@ -1,0 +1,330 @@
+// FanOut against real ZMQ REP workers on 127.0.0.1: ordering, deadlines, late replies that must
+// not be mistaken for later answers, worker restarts, concurrency, forget() and shutdown.
+#include "kvnode/controller/fanout.hpp"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <future>
+#include <memory>
+#include <thread>
+
+#include "fake_worker.hpp"
+
+namespace kvnode::controller {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::FakeWorker;
+using testing::unused_endpoint;
+using Clock = std::chrono::steady_clock;
+using Results = std::vector<Result<std::string>>;
+
+// Every wait in these tests is bounded by this; a hang fails the test instead of the suite.
+constexpr auto kPatience = 10s;
+
+Results get(std::future<Results>& future) {
+  if (future.wait_for(kPatience) != std::future_status::ready) {
+    ADD_FAILURE() << "fan-out call did not complete within " << kPatience.count() << " s";
+    return {};
+  }
+  return future.get();
+}
+
+FanOutTarget target(const std::string& key, const std::string& endpoint, std::string payload) {
+  return FanOutTarget{key, endpoint, std::move(payload)};
+}
+
+std::string text(const Result<std::string>& r) {
+  return r.ok() ? "ok: " + r.value() : "error: " + r.error().message;
+}
+
+bool eventually(const std::function<bool()>& condition) {
+  const auto give_up = Clock::now() + kPatience;
+  while (!condition()) {
+    if (Clock::now() > give_up) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
+
+TEST(FanOut, ZeroTargetsCompleteAtOnce) {
+  zmq::context_t ctx;
+  FanOut fanout(ctx);
+  auto future = fanout.call({}, 1000ms);
+  ASSERT_EQ(future.wait_for(0s), std::future_status::ready);
+  EXPECT_TRUE(future.get().empty());
+}
+
+TEST(FanOut, RepliesComeBackInTargetOrder) {
+  zmq::context_t ctx;
+  FakeWorker w0(ctx), w1(ctx), w2(ctx);
+  FanOut fanout(ctx);
+  // The slowest worker first, so arrival order differs from target order.
+  FakeWorker slow(ctx, [](const std::string&) { return 100ms; });
+  auto future = fanout.call({target("s", slow.endpoint(), "s"), target("a", w0.endpoint(), "a"),
+                             target("b", w1.endpoint(), "b"), target("c", w2.endpoint(), "c")},
+                            5000ms);
+  const auto results = get(future);
+  ASSERT_EQ(results.size(), 4u);
+  EXPECT_EQ(text(results[0]), "ok: echo:s");
+  EXPECT_EQ(text(results[1]), "ok: echo:a");
+  EXPECT_EQ(text(results[2]), "ok: echo:b");
+  EXPECT_EQ(text(results[3]), "ok: echo:c");
+  const auto stats = fanout.stats();
+  EXPECT_EQ(stats.requests, 4u);
+  EXPECT_EQ(stats.timeouts, 0u);
+  EXPECT_EQ(stats.open_sockets, 4u);
+}
+
+TEST(FanOut, HungWorkerFailsAtItsDeadlineOthersSucceed) {
+  zmq::context_t ctx;
+  FakeWorker good0(ctx), hung(ctx, FakeWorker::never_answer()), good1(ctx);
+  FanOut fanout(ctx);
+  const auto begin = Clock::now();
+  auto future = fanout.call({target("g0", good0.endpoint(), "x"), target("h", hung.endpoint(), "y"),
+                             target("g1", good1.endpoint(), "z")},
+                            1000ms);
+  const auto results = get(future);
+  const auto elapsed = Clock::now() - begin;
+  ASSERT_EQ(results.size(), 3u);
+  EXPECT_EQ(text(results[0]), "ok: echo:x");
+  EXPECT_EQ(text(results[1]), "error: no reply from " + hung.endpoint() + " within 1000 ms");
+  EXPECT_EQ(text(results[2]), "ok: echo:z");
+  EXPECT_GE(elapsed, 990ms);
+  EXPECT_LT(elapsed, 2000ms);
+  EXPECT_EQ(fanout.stats().timeouts, 1u);
+}
+
+TEST(FanOut, EndlessDeadlineIsAccepted) {
+  zmq::context_t ctx;
+  FakeWorker worker(ctx);
+  FanOut fanout(ctx);
+  auto future =
+      fanout.call({target("w", worker.endpoint(), "x")}, std::chrono::milliseconds::max());
+  EXPECT_EQ(text(get(future).at(0)), "ok: echo:x");
+}
+
+TEST(FanOut, NothingListeningFailsAfterTheDeadline) {
+  zmq::context_t ctx;
+  const auto endpoint = unused_endpoint(ctx);
+  FanOut fanout(ctx);
+  const auto begin = Clock::now();
+  auto future = fanout.call({target("gone", endpoint, "x")}, 200ms);
+  const auto results = get(future);
+  EXPECT_GE(Clock::now() - begin, 190ms);
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(text(results[0]), "error: no reply from " + endpoint + " within 200 ms");
+}
+
+TEST(FanOut, BadEndpointFailsAtOnce) {
+  zmq::context_t ctx;
+  FakeWorker good(ctx);
+  FanOut fanout(ctx);
+  auto future = fanout.call(
+      {target("bad", "nonsense://here", "x"), target("good", good.endpoint(), "y")}, 5000ms);
+  const auto results = get(future);
+  ASSERT_EQ(results.size(), 2u);
+  ASSERT_FALSE(results[0].ok());
+  EXPECT_NE(results[0].error().message.find("cannot connect to nonsense://here"), std::string::npos)
+      << results[0].error().message;
+  EXPECT_EQ(text(results[1]), "ok: echo:y");
+}
+
+// The core point: a late reply is told apart from the answer to the next request on the same
+// socket (a REQ socket would be stuck, or would hand the stale reply to the next caller).
+TEST(FanOut, LateReplyGoesToOnLateAndNextCallGetsItsOwnReply) {
+  zmq::context_t ctx;
+  FakeWorker fast(ctx);
+  FakeWorker slow(ctx,
+                  [](const std::string& payload) { return payload == "first" ? 1500ms : 0ms; });
+  FanOut fanout(ctx);
+
+  std::promise<std::pair<std::size_t, std::string>> late;
+  auto late_future = late.get_future();
+  auto first =
+      fanout.call({target("f", fast.endpoint(), "hello"), target("s", slow.endpoint(), "first")},
+                  1000ms, [&late](std::size_t index, std::string reply) {
+                    late.set_value({index, std::move(reply)});
+                  });
+  const auto first_results = get(first);
+  ASSERT_EQ(first_results.size(), 2u);
+  EXPECT_EQ(text(first_results[0]), "ok: echo:hello");
+  EXPECT_FALSE(first_results[1].ok());
+
+  // Sent while the worker still works on "first": its reply arrives before this one's.
+  auto second = fanout.call({target("s", slow.endpoint(), "second")}, 5000ms);
+  const auto second_results = get(second);
+  ASSERT_EQ(second_results.size(), 1u);
+  EXPECT_EQ(text(second_results[0]), "ok: echo:second");
+
+  ASSERT_EQ(late_future.wait_for(kPatience), std::future_status::ready);
+  const auto [index, reply] = late_future.get();
+  EXPECT_EQ(index, 1u);
+  EXPECT_EQ(reply, "echo:first");
+  EXPECT_EQ(fanout.stats().late_replies, 1u);
+  EXPECT_EQ(fanout.stats().timeouts, 1u);
+}
+
+TEST(FanOut, TimedOutRequestsBeyondTheMemoryBoundAreNotRecognised) {
+  zmq::context_t ctx;
+  FakeWorker slow(ctx, [](const std::string&) { return 500ms; });
+  FanOut fanout(ctx, FanOutOptions{.late_reply_window = 60s, .max_late_pending = 0});
+  std::atomic<int> late_calls{0};
+  auto future = fanout.call({target("s", slow.endpoint(), "x")}, 100ms,
+                            [&late_calls](std::size_t, const std::string&) { ++late_calls; });
+  EXPECT_FALSE(get(future).at(0).ok());
+  EXPECT_TRUE(eventually([&] { return fanout.stats().dropped_replies == 1; }));
+  EXPECT_EQ(late_calls, 0);
+  EXPECT_EQ(fanout.stats().late_replies, 0u);
+}
+
+TEST(FanOut, WorkerThatRestartsAtTheSameEndpointIsReachedAgain) {
+  zmq::context_t ctx;
+  FanOut fanout(ctx);
+  auto worker = std::make_unique<FakeWorker>(ctx);
+  const auto endpoint = worker->endpoint();
+
+  auto before = fanout.call({target("w", endpoint, "before")}, 5000ms);
+  EXPECT_EQ(text(get(before).at(0)), "ok: echo:before");
+
+  worker.reset();
+  auto down = fanout.call({target("w", endpoint, "down")}, 200ms);
+  EXPECT_FALSE(get(down).at(0).ok());
+
+  worker = std::make_unique<FakeWorker>(ctx, FakeWorker::answer_now(), endpoint);
+  auto after = fanout.call({target("w", endpoint, "after")}, 5000ms);
+  EXPECT_EQ(text(get(after).at(0)), "ok: echo:after");
+  EXPECT_EQ(fanout.stats().open_sockets, 1u);  // the same DEALER reconnected
+}
+
+TEST(FanOut, ConcurrentCallersEachGetTheirOwnReplies) {
+  zmq::context_t ctx;
+  FakeWorker w0(ctx), w1(ctx), w2(ctx);
+  const std::vector<const FakeWorker*> workers{&w0, &w1, &w2};
+  FanOut fanout(ctx);
+  constexpr int kThreads = 4;
+  constexpr int kCallsEach = 25;
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> callers;
+  for (int t = 0; t < kThreads; ++t) {
+    callers.emplace_back([&, t] {
+      for (int c = 0; c < kCallsEach; ++c) {
+        std::vector<FanOutTarget> targets;
+        for (std::size_t w = 0; w < workers.size(); ++w) {
+          targets.push_back(
+              target("w" + std::to_string(w), workers[w]->endpoint(),
+                     std::to_string(t) + "/" + std::to_string(c) + "/" + std::to_string(w)));
+        }
+        auto future = fanout.call(targets, 5000ms);
+        if (future.wait_for(kPatience) != std::future_status::ready) {
+          ++wrong;
+          continue;
+        }
+        const auto results = future.get();
+        for (std::size_t w = 0; w < targets.size(); ++w) {
+          if (text(results.at(w)) != "ok: echo:" + targets[w].payload) ++wrong;
+        }
+      }
+    });
+  }
+  for (auto& caller : callers) caller.join();
+  EXPECT_EQ(wrong, 0);
+  EXPECT_EQ(fanout.stats().requests, std::uint64_t{kThreads} * kCallsEach * workers.size());
+  EXPECT_EQ(fanout.stats().open_sockets, 3u);
+}
+
+TEST(FanOut, ForgetClosesTheSocketAndTheNextCallOpensANewOne) {
+  zmq::context_t ctx;
+  FakeWorker worker(ctx);
+  FanOut fanout(ctx);
+  auto first = fanout.call({target("w#1", worker.endpoint(), "one")}, 5000ms);
+  EXPECT_EQ(text(get(first).at(0)), "ok: echo:one");
+  EXPECT_EQ(fanout.stats().open_sockets, 1u);
+
+  fanout.forget("w#1");
+  EXPECT_TRUE(eventually([&] { return fanout.stats().open_sockets == 0; }));
+
+  auto second = fanout.call({target("w#1", worker.endpoint(), "two")}, 5000ms);
+  EXPECT_EQ(text(get(second).at(0)), "ok: echo:two");
+  EXPECT_EQ(fanout.stats().open_sockets, 1u);
+}
+
+TEST(FanOut, ForgetFailsRequestsInFlightAtOnce) {
+  zmq::context_t ctx;
+  FakeWorker hung(ctx, FakeWorker::never_answer());
+  FanOut fanout(ctx);
+  auto future = fanout.call({target("h", hung.endpoint(), "x")}, 60000ms);
+  fanout.forget("h");
+  const auto results = get(future);
+  ASSERT_FALSE(results.at(0).ok());
+  EXPECT_EQ(results[0].error().message, "worker h was forgotten before it replied");
+}
+
+TEST(FanOut, FullSendQueueFailsAtOnce) {
+  zmq::context_t ctx;
+  const auto endpoint = unused_endpoint(ctx);
+  FanOut fanout(ctx);
+  // Requests to a worker that is not up queue in the DEALER until the queue is full.
+  std::vector<FanOutTarget> targets(1000, target("gone", endpoint, "x"));
+  auto future = fanout.call(targets, 200ms);
+  const auto results = get(future);
+  ASSERT_EQ(results.size(), targets.size());
+  EXPECT_EQ(text(results.front()), "error: no reply from " + endpoint + " within 200 ms");
+  ASSERT_FALSE(results.back().ok());
+  EXPECT_NE(results.back().error().message.find("send queue to " + endpoint + " is full"),
+            std::string::npos)
+      << results.back().error().message;
+}
+
+TEST(FanOut, StrayAndMalformedRepliesAreDropped) {
+  zmq::context_t ctx;
+  // A misbehaving worker: a ROUTER that sends garbage before the proper reply.
+  zmq::socket_t router(ctx, zmq::socket_type::router);
+  router.set(zmq::sockopt::linger, 0);
+  router.bind("tcp://127.0.0.1:*");
+  const auto endpoint = router.get(zmq::sockopt::last_endpoint);
+  std::thread worker([&router] {
+    zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
+    if (zmq::poll(&item, 1, std::chrono::milliseconds(kPatience)) == 0) return;
+    std::array<zmq::message_t, 4> request;  // [peer, id, "", payload]
+    for (auto& frame : request) (void)router.recv(frame);
+    const std::uint64_t stranger = ~std::uint64_t{0};
+    const auto more = zmq::send_flags::sndmore;
+    (void)router.send(zmq::buffer(request[0].to_string()), more);  // unknown id
+    (void)router.send(zmq::const_buffer(&stranger, sizeof stranger), more);
+    (void)router.send(zmq::str_buffer(""), more);
+    (void)router.send(zmq::str_buffer("bogus"));
+    (void)router.send(zmq::buffer(request[0].to_string()), more);  // no delimiter
+    (void)router.send(zmq::str_buffer("short"));
+    (void)router.send(zmq::buffer(request[0].to_string()), more);  // the real reply
+    (void)router.send(zmq::buffer(request[1].to_string()), more);
+    (void)router.send(zmq::str_buffer(""), more);
+    (void)router.send(zmq::buffer("echo:" + request[3].to_string()));
+  });
+  FanOut fanout(ctx);
+  auto future = fanout.call({target("r", endpoint, "x")}, 5000ms);
+  const auto results = get(future);
+  worker.join();
+  EXPECT_EQ(text(results.at(0)), "ok: echo:x");
+  EXPECT_EQ(fanout.stats().dropped_replies, 2u);  // both came before the real reply
+}
+
+TEST(FanOut, DestructorCompletesPendingCallsAtOnce) {
+  zmq::context_t ctx;
+  FakeWorker hung(ctx, FakeWorker::never_answer());
+  auto fanout = std::make_unique<FanOut>(ctx);
+  auto future = fanout->call({target("h", hung.endpoint(), "x")}, 60000ms);
+  std::this_thread::sleep_for(50ms);  // let the request leave
+  const auto begin = Clock::now();
+  fanout.reset();
+  EXPECT_LT(Clock::now() - begin, 1000ms);
+  ASSERT_EQ(future.wait_for(0s), std::future_status::ready);
+  const auto results = future.get();
+  ASSERT_FALSE(results.at(0).ok());
+  EXPECT_EQ(results[0].error().message, "controller shutting down");
+}
+
+}  // namespace
+}  // namespace kvnode::controller
