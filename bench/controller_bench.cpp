@@ -90,6 +90,20 @@ std::string admits(const std::string& instance, std::uint64_t seed, std::uint64_
   return wire::encode(wire::Msg{std::move(msg)});
 }
 
+// A full LRU cache's batch: n/2 admits of keys base+first/2.. and n/2 evicts of keys first/2..,
+// so an index holding keys 0..base-1 stays at base entries.
+std::string lru_ops(const std::string& instance, std::uint64_t seed, std::uint64_t base,
+                    std::uint64_t first, std::uint64_t n) {
+  wire::BatchedKVOperationMsg msg{instance, 0, kLocation, {}};
+  const std::uint64_t k = first / 2;
+  std::int64_t seq = static_cast<std::int64_t>(base + first);
+  for (std::uint64_t i = k; i < k + n / 2; ++i)
+    msg.operations.push_back({wire::OpType::kAdmit, chunk_hash(seed, base + i), seq++});
+  for (std::uint64_t i = k; i < k + n / 2; ++i)
+    msg.operations.push_back({wire::OpType::kEvict, chunk_hash(seed, i), seq++});
+  return wire::encode(wire::Msg{std::move(msg)});
+}
+
 std::string lookup_msg(std::uint64_t seed, std::uint64_t first, std::uint64_t n) {
   wire::BatchedP2PLookupMsg msg{{}, kProbe, 0};
   for (std::uint64_t i = first; i < first + n; ++i) msg.hashes.push_back(chunk_hash(seed, i));
@@ -304,11 +318,18 @@ IngestRun push_frames(zmq::context_t& ctx, int port, pid_t receiver,
   return {seconds_since(start), bench::cpu_seconds(receiver) - cpu0};
 }
 
-IngestRun ingest_controller(const std::vector<std::string>& frames, const std::string& last) {
+// `warm` frames are pushed and applied before the clock starts (the index's working set).
+IngestRun ingest_controller(const std::vector<std::string>& warm, const std::string& warm_last,
+                            const std::vector<std::string>& frames, const std::string& last) {
   ControllerProc c = start_controller();
   zmq::context_t ctx;
   register_workers(ctx, c.ports.reply, {kLoad});
   auto probe = connect(ctx, zmq::socket_type::dealer, c.ports.reply);
+  if (!warm.empty()) {
+    auto push = connect(ctx, zmq::socket_type::push, c.ports.pull);
+    for (const auto& f : warm) push.send(zmq::buffer(f), zmq::send_flags::none);
+    wait_applied(probe, warm_last);
+  }
   return push_frames(ctx, c.ports.pull, c.child.pid(), frames, [&] { wait_applied(probe, last); });
 }
 
@@ -319,6 +340,10 @@ IngestRun ingest_bare_pull(const std::vector<std::string>& frames) {
                      [&] { (void)sink.child.receive<std::uint64_t>(); });
 }
 
+// Two cases per batch size. Steady: the index already holds `ops` keys and every batch admits
+// as many new keys as it evicts old ones, as a worker with a full cache reports (the controller
+// runs for days; this is its normal load). Growth: a fresh controller whose index grows from
+// empty to `ops` keys while timed, so table growth (fresh pages the kernel must zero) is in it.
 void run_ingest(const Scale& scale, Report& report) {
   const std::uint64_t ops = scale.ingest_ops;
   const auto mops = [ops](const IngestRun& r) {
@@ -327,29 +352,43 @@ void run_ingest(const Scale& scale, Report& report) {
   const auto cpu_ns = [ops](const IngestRun& r) {
     return r.cpu_seconds * 1e9 / static_cast<double>(ops);
   };
-  for (const std::uint64_t batch : {50, 1000}) {
-    std::vector<std::string> frames;
-    for (std::uint64_t first = 0; first < ops; first += batch)
-      frames.push_back(admits(kLoad, kIngestSeed, first, batch));
-    const std::string last = lookup_msg(kIngestSeed, ops - 1, 1);
-    std::vector<double> rate, bare_rate, cpu, bare_cpu;
-    for (int rep = 0; rep < scale.reps; ++rep) {
-      std::fprintf(stderr, "ingest: batch %lu, repetition %d\n", batch, rep + 1);
-      const IngestRun c = ingest_controller(frames, last), b = ingest_bare_pull(frames);
-      rate.push_back(mops(c));
-      bare_rate.push_back(mops(b));
-      cpu.push_back(cpu_ns(c));
-      bare_cpu.push_back(cpu_ns(b));
+  std::vector<std::string> warm;
+  for (std::uint64_t first = 0; first < ops; first += 1000)
+    warm.push_back(admits(kLoad, kIngestSeed, first, 1000));
+  const std::string warm_last = lookup_msg(kIngestSeed, ops - 1, 1);
+  for (const bool steady : {true, false}) {
+    for (const std::uint64_t batch : {50, 1000}) {
+      std::vector<std::string> frames;
+      for (std::uint64_t first = 0; first < ops; first += batch)
+        frames.push_back(steady ? lru_ops(kLoad, kIngestSeed, ops, first, batch)
+                                : admits(kLoad, kIngestSeed, first, batch));
+      // The last admit of the run: frames apply in order, so once it is found all were applied.
+      const std::string last = lookup_msg(kIngestSeed, steady ? ops + ops / 2 - 1 : ops - 1, 1);
+      std::vector<double> rate, bare_rate, cpu, bare_cpu;
+      for (int rep = 0; rep < scale.reps; ++rep) {
+        std::fprintf(stderr, "ingest: %s, batch %lu, repetition %d\n",
+                     steady ? "steady" : "growth", batch, rep + 1);
+        const std::vector<std::string> none;
+        const IngestRun c = ingest_controller(steady ? warm : none, warm_last, frames, last);
+        const IngestRun b = ingest_bare_pull(frames);
+        rate.push_back(mops(c));
+        bare_rate.push_back(mops(b));
+        cpu.push_back(cpu_ns(c));
+        bare_cpu.push_back(cpu_ns(b));
+      }
+      const double r = bench::median(rate), b = bench::median(bare_rate);
+      const bool target = steady && batch == 1000;
+      const std::string what =
+          steady ? strf("ingest, batch %lu, %.1f M ops (admit + evict, index at %.1f M keys)",
+                        batch, ops / 1e6, ops / 1e6)
+                 : strf("ingest, batch %lu, %.1f M admits into an empty index", batch, ops / 1e6);
+      report.push_back({what, strf("%.2f M ops/s", r), strf("bare PULL %.2f M ops/s", b),
+                        strf("%.2fx", r / b), target ? ">= 5 M ops/s and >= 0.5x bare" : "",
+                        target ? verdict(r >= 5 && r / b >= 0.5) : ""});
+      report.push_back({"  same: CPU of the receiving process per op",
+                        strf("%.0f ns", bench::median(cpu)),
+                        strf("bare PULL %.0f ns", bench::median(bare_cpu)), "", "", ""});
     }
-    const double r = bench::median(rate), b = bench::median(bare_rate);
-    const bool big = batch == 1000;
-    report.push_back({strf("ingest, batch %lu, %.1f M admits", batch, ops / 1e6),
-                      strf("%.2f M ops/s", r), strf("bare PULL %.2f M ops/s", b),
-                      strf("%.2fx", r / b), big ? ">= 5 M ops/s and >= 0.5x bare" : "",
-                      big ? verdict(r >= 5 && r / b >= 0.5) : ""});
-    report.push_back({strf("ingest, batch %lu: CPU of the receiving process per op", batch),
-                      strf("%.0f ns", bench::median(cpu)),
-                      strf("bare PULL %.0f ns", bench::median(bare_cpu)), "", "", ""});
   }
 }
 
@@ -529,7 +568,9 @@ void run_memory_case(const Scale& scale, int holders, Report& report) {
       batch.operations.push_back({op, chunk_hash(kHeldSeed, i), static_cast<std::int64_t>(i)});
   };
   // Batch b goes to workers b % 4 .. (b + holders - 1) % 4: each holds the whole batch.
-  // The longest apply is how long the controller's PULL thread holds the registry's write lock.
+  // The controller applies a batch in 64-op slices (RequestHandler), taking the registry's write
+  // lock for each: the longest slice is the longest a lookup can wait behind ingest.
+  constexpr std::size_t kSlice = 64;
   double longest_ns = 0;
   const auto apply_all = [&](std::uint64_t count, wire::OpType op) {
     double ns = 0;
@@ -537,11 +578,13 @@ void run_memory_case(const Scale& scale, int holders, Report& report) {
       fill(b, op);
       for (int h = 0; h < holders; ++h) {
         batch.instance_id = workers[(b + h) % workers.size()];
-        const double t = bench::thread_cpu_ns();
-        (void)registry.apply(batch);
-        const double spent = bench::thread_cpu_ns() - t;
-        longest_ns = std::max(longest_ns, spent);
-        ns += spent;
+        for (std::size_t first = 0; first < kBatch; first += kSlice) {
+          const double t = bench::thread_cpu_ns();
+          (void)registry.apply(batch, ctl::ApplySlice{.first = first, .count = kSlice});
+          const double spent = bench::thread_cpu_ns() - t;
+          longest_ns = std::max(longest_ns, spent);
+          ns += spent;
+        }
       }
     }
     return ns / static_cast<double>(count * holders * kBatch);
@@ -574,8 +617,8 @@ void run_memory_case(const Scale& scale, int holders, Report& report) {
                     strf("%.1f B", index_per), strf("RSS growth %.1f B", rss_per), "", "<= 48 B",
                     verdict(index_per <= 48 && rss_per <= 48)});
   report.push_back(
-      {"  same index: admit / evict per op, lookup per hash; longest 1000-op apply",
-       strf("%.0f / %.0f / %.0f ns; %.1f ms", admit_ns, evict_ns, lookup_ns, longest_ns / 1e6),
+      {"  same index: admit / evict per op, lookup per hash; longest 64-op slice",
+       strf("%.0f / %.0f / %.0f ns; %.0f us", admit_ns, evict_ns, lookup_ns, longest_ns / 1e3),
        "thread CPU", "", "", ""});
 }
 

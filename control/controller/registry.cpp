@@ -304,7 +304,7 @@ std::optional<WorkerEndpoint> Registry::deregister(std::string_view instance_id,
   return ep;
 }
 
-ApplyResult Registry::apply(const wire::BatchedKVOperationMsg& msg) {
+ApplyResult Registry::apply(const wire::BatchedKVOperationMsg& msg, const ApplySlice& slice) {
   ApplyResult r;
   if (msg.operations.empty()) {
     r.outcome = ApplyOutcome::kEmpty;
@@ -312,30 +312,45 @@ ApplyResult Registry::apply(const wire::BatchedKVOperationMsg& msg) {
   }
   State::Worker* w = s_->find_worker(msg.instance_id, msg.worker_id);
   if (!w) {
-    r.outcome = ApplyOutcome::kUnknownWorker;
+    r.outcome = slice.generation ? ApplyOutcome::kWorkerChanged : ApplyOutcome::kUnknownWorker;
     return r;
   }
+  if (slice.generation && w->generation != slice.generation) {
+    r.outcome = ApplyOutcome::kWorkerChanged;  // the rest was meant for the old key set
+    return r;
+  }
+  r.generation = w->generation;
   if (w->sync && w->sync->state == SyncState::kSyncing) {
     r.outcome = ApplyOutcome::kWorkerSyncing;  // the full sync brings the whole set
     return r;
   }
+  const std::size_t first = std::min(slice.first, msg.operations.size());
+  const std::size_t last = first + std::min(slice.count, msg.operations.size() - first);
   State::Location& loc = s_->location(*w, msg.location);
-  const bool was_empty = s_->index.holder_size(loc.holder) == 0;
-  for (const wire::KVOpEvent& op : msg.operations) {
+  KvIndex& index = s_->index;
+  const bool was_empty = index.holder_size(loc.holder) == 0;
+  bool gap_counted = slice.gap_counted;
+  // Each op's slot is a likely cache miss on a large table: start loading a few ahead.
+  constexpr std::size_t kAhead = 8;
+  for (std::size_t i = first; i < std::min(last, first + kAhead); ++i)
+    index.prefetch(msg.operations[i].key);
+  for (std::size_t i = first; i < last; ++i) {
+    if (i + kAhead < last) index.prefetch(msg.operations[i + kAhead].key);
+    const wire::KVOpEvent& op = msg.operations[i];
     if (op.op_type == wire::OpType::kAdmit)
-      s_->index.insert(op.key, loc.holder);
+      index.insert(op.key, loc.holder);
     else
-      s_->index.erase(op.key, loc.holder);
-    if (loc.last_seq && op.seq_num != *loc.last_seq + 1 && !r.discontinuity) {
-      r.discontinuity = true;
+      index.erase(op.key, loc.holder);
+    if (loc.last_seq && op.seq_num != *loc.last_seq + 1 && !gap_counted) {
+      gap_counted = r.discontinuity = true;
       r.expected_seq = *loc.last_seq + 1;
       r.actual_seq = op.seq_num;
       ++s_->seq_discontinuities;
     }
     loc.last_seq = op.seq_num;
   }
-  if (was_empty && s_->index.holder_size(loc.holder) > 0) loc.order = s_->next_order++;
-  r.ops = msg.operations.size();
+  if (was_empty && index.holder_size(loc.holder) > 0) loc.order = s_->next_order++;
+  r.ops = last - first;
   return r;
 }
 
@@ -369,9 +384,14 @@ wire::BatchedP2PLookupRetMsg Registry::p2p_lookup(const wire::BatchedP2PLookupMs
   });
   if (!best) return ret;
   const HolderId holder = best->location->holder;
+  // Each hash is a likely cache miss on a large table: start loading a few ahead.
+  constexpr std::size_t kAhead = 8;
+  const std::size_t n = msg.hashes.size();
+  for (std::size_t i = 0; i < std::min(n, kAhead); ++i) s_->index.prefetch(msg.hashes[i]);
   std::int64_t hits = 0;
-  for (const ChunkHash& h : msg.hashes) {
-    if (!s_->index.contains(h, holder)) break;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) s_->index.prefetch(msg.hashes[i + kAhead]);
+    if (!s_->index.contains(msg.hashes[i], holder)) break;
     ++hits;
   }
   ret.layout_info[0] = wire::P2PLayout{best->worker->instance->id, best->location->name, hits,

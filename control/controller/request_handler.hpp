@@ -42,7 +42,11 @@ class RequestHandler {
   void on_pull(std::string_view frame);
 
  private:
+  static constexpr std::size_t kApplySlice = 64;
+
   void on_pull_msg(wire::Msg msg);
+  template <class Count>
+  void apply_in_slices(const wire::BatchedKVOperationMsg& m, Count&& count);
   void warn_bad_frame(std::string_view socket, std::string_view what);
 
   Guarded<Registry>& registry_;

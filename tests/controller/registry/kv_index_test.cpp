@@ -106,6 +106,41 @@ TEST(KvIndex, MatchesReferenceModelUnderRandomOperations) {
   for (const auto& [key, h] : model) ASSERT_TRUE(index.contains(key, h));
 }
 
+// Growth moves a few old slots per call: right after the insert that grows the table both
+// tables exist, and every query, erase and duplicate check must see entries in either.
+TEST(KvIndex, GrowthIsIncrementalAndEveryOperationSeesBothTables) {
+  KvIndex index(11);
+  const HolderId a = index.new_holder(), b = index.new_holder();
+  auto key = [](std::uint64_t i) { return ChunkHash::from_unsigned(i * 0x9E3779B97F4A7C15ull); };
+  index.insert(key(0), a);
+  std::uint64_t n = 1;
+  const std::size_t cap = index.capacity();
+  while (index.capacity() == cap) index.insert(key(n++), a);
+  const std::size_t slot_bytes = 12;
+  // The old table is still held, so memory covers both; it was not rehashed in one go.
+  EXPECT_GE(index.memory_bytes(), (index.capacity() + cap) * slot_bytes);
+  // Entries still in the old table: found, not inserted twice, erasable, listed once.
+  EXPECT_TRUE(index.contains(key(n - 2), a));
+  EXPECT_FALSE(index.insert(key(n - 3), a));
+  EXPECT_TRUE(index.insert(key(n - 3), b));
+  EXPECT_TRUE(index.erase(key(n - 4), a));
+  EXPECT_FALSE(index.contains(key(n - 4), a));
+  int holders = 0;
+  index.for_each_holder(key(n - 3), [&](HolderId) { ++holders; });
+  EXPECT_EQ(holders, 2);
+  // Retiring during the migration hides the holder at once and frees its id only later.
+  index.retire_holder(b);
+  EXPECT_FALSE(index.contains(key(n - 3), b));
+  const std::size_t grown = index.capacity();
+  const std::uint64_t more = n / 2;  // enough to finish the migration, too few to grow again
+  for (std::uint64_t i = 0; i < more; ++i) index.insert(key(n + i), a);
+  ASSERT_EQ(index.capacity(), grown);
+  EXPECT_LT(index.memory_bytes(), (grown + cap) * slot_bytes);
+  for (std::uint64_t i = 0; i < n + more; ++i)
+    ASSERT_EQ(index.contains(key(i), a), i != n - 4) << i;
+  EXPECT_EQ(index.size(), n + more - 1);
+}
+
 TEST(KvIndex, MemoryPerEntryStaysWithinBudget) {
   KvIndex index(9);
   const HolderId a = index.new_holder();

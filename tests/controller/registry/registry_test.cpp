@@ -151,6 +151,44 @@ TEST_F(RegistryTest, BatchesApplyInOrderAndCountOneGapPerBatch) {
   EXPECT_EQ(r.stats().seq_discontinuities, 1u);
 }
 
+// The controller applies big batches in slices, releasing its lock in between: a slice picks up
+// where the last stopped, the batch's gap counts once, and a worker re-registered between two
+// slices does not receive the rest of a batch meant for its old key set.
+TEST_F(RegistryTest, SlicesOfABatchApplyLikeTheWholeBatch) {
+  r.register_worker(a, 1.0);
+  r.apply(ops(a.instance_id, 0, OpType::kAdmit, range(1, 1), 0));
+  auto batch = ops(a.instance_id, 0, OpType::kAdmit, range(10, 9), 5);  // gap 1 -> 5
+  batch.operations[6].seq_num = 40;                                     // and again later
+  ApplySlice slice{.first = 0, .count = 4};
+  std::size_t applied = 0;
+  bool gap = false;
+  while (slice.first < batch.operations.size()) {
+    const ApplyResult res = r.apply(batch, slice);
+    ASSERT_EQ(res.outcome, ApplyOutcome::kApplied);
+    ASSERT_NE(res.generation, 0u);
+    applied += res.ops;
+    gap = gap || res.discontinuity;
+    slice.first += res.ops;
+    slice.generation = res.generation;
+    slice.gap_counted = gap;
+  }
+  EXPECT_EQ(applied, 9u);
+  EXPECT_TRUE(gap);
+  EXPECT_EQ(r.stats().seq_discontinuities, 1u);
+  EXPECT_EQ(r.stats().keys, 10u);
+
+  ApplySlice first{.first = 0, .count = 2};
+  const ApplyResult head = r.apply(ops(a.instance_id, 0, OpType::kAdmit, range(100, 4)), first);
+  r.register_worker(a, 2.0);  // restarted: keys cleared, new generation
+  ApplySlice rest{.first = 2, .count = 2, .generation = head.generation};
+  EXPECT_EQ(r.apply(ops(a.instance_id, 0, OpType::kAdmit, range(100, 4)), rest).outcome,
+            ApplyOutcome::kWorkerChanged);
+  EXPECT_EQ(r.stats().keys, 0u);
+  r.deregister(a.instance_id, 0);
+  EXPECT_EQ(r.apply(ops(a.instance_id, 0, OpType::kAdmit, range(100, 4)), rest).outcome,
+            ApplyOutcome::kWorkerChanged);
+}
+
 TEST_F(RegistryTest, LegacySingleOpsApplyAsBatches) {
   r.register_worker(a, 1.0);
   r.apply(wire::KVAdmitMsg{a.instance_id, 0, ChunkHash(5), kCpu, 0});

@@ -1,10 +1,16 @@
 // A value behind a reader/writer lock, reachable only through read() and write(), so no caller
 // can touch it unlocked. Lookups share the lock; ingest, registration and heartbeats take it
-// exclusively for one message at a time, which bounds how long a lookup can wait.
+// exclusively for one short step at a time (ingest applies a batch in slices).
+// Readers come first: a reader that finds the lock taken spins for a few microseconds (a
+// writer's step is shorter than a thread wake-up on a busy machine) before it sleeps, and a
+// writer lets announced readers in before it takes the lock again.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <mutex>
 #include <shared_mutex>
+#include <thread>
 #include <utility>
 
 namespace kvnode::controller {
@@ -17,17 +23,40 @@ class Guarded {
 
   template <class F>
   decltype(auto) read(F&& f) const {
-    std::shared_lock lock(mutex_);
+    std::shared_lock lock(mutex_, std::try_to_lock);
+    if (!lock.owns_lock()) {
+      waiting_readers_.fetch_add(1, std::memory_order_relaxed);
+      if (!spin([&] { return lock.try_lock(); })) lock.lock();
+      waiting_readers_.fetch_sub(1, std::memory_order_relaxed);
+    }
     return std::forward<F>(f)(std::as_const(value_));
   }
   template <class F>
   decltype(auto) write(F&& f) {
+    spin([&] { return waiting_readers_.load(std::memory_order_relaxed) == 0; });
     std::unique_lock lock(mutex_);
     return std::forward<F>(f)(value_);
   }
 
  private:
+  static constexpr auto kSpin = std::chrono::microseconds(50);
+
+  // Polls until done() or kSpin passes; true when done() said so.
+  template <class Done>
+  static bool spin(Done&& done) {
+    if (done()) return true;
+    const auto until = std::chrono::steady_clock::now() + kSpin;
+    for (unsigned i = 1;; ++i) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+      if (done()) return true;
+      if (i % 64 == 0 && std::chrono::steady_clock::now() > until) return false;
+    }
+  }
+
   mutable std::shared_mutex mutex_;
+  mutable std::atomic<int> waiting_readers_{0};
   T value_;
 };
 

@@ -66,13 +66,24 @@ struct RegistryStats {
   std::vector<InstanceStats> per_instance;  // in registration order
 };
 
-enum class ApplyOutcome { kApplied, kEmpty, kWorkerSyncing, kUnknownWorker };
+// kWorkerChanged: a later slice of a batch found its worker re-registered or gone.
+enum class ApplyOutcome { kApplied, kEmpty, kWorkerSyncing, kUnknownWorker, kWorkerChanged };
 
 struct ApplyResult {
   ApplyOutcome outcome = ApplyOutcome::kApplied;
   std::size_t ops = 0;          // ops applied
   bool discontinuity = false;   // a sequence gap was counted for this batch
   std::int64_t expected_seq = 0, actual_seq = 0;
+  std::uint64_t generation = 0;  // of the worker the ops went to
+};
+
+// Part of a batch. The controller applies a large batch in slices and releases the registry's
+// lock between them, so a lookup never waits for a whole batch (or for a rehash: see KvIndex).
+struct ApplySlice {
+  std::size_t first = 0;
+  std::size_t count = static_cast<std::size_t>(-1);
+  std::uint64_t generation = 0;  // the first slice's worker generation; 0: whichever
+  bool gap_counted = false;      // an earlier slice already counted this batch's gap
 };
 
 class Registry {
@@ -91,7 +102,7 @@ class Registry {
                                   std::optional<WorkerEndpoint>* replaced = nullptr);
   // Removes the worker and its keys; the removed endpoint, or nullopt when unknown.
   std::optional<WorkerEndpoint> deregister(std::string_view instance_id, std::int64_t worker_id);
-  ApplyResult apply(const wire::BatchedKVOperationMsg& msg);
+  ApplyResult apply(const wire::BatchedKVOperationMsg& msg, const ApplySlice& slice = {});
   ApplyResult apply(const wire::KVAdmitMsg& msg);  // legacy, a one-op batch (D15)
   ApplyResult apply(const wire::KVEvictMsg& msg);
   wire::BatchedP2PLookupRetMsg p2p_lookup(const wire::BatchedP2PLookupMsg& msg) const;
