@@ -103,11 +103,16 @@ run_fuzzers() {
     name="$(basename "$target")"
     work="$(mktemp -d)"
     [[ -d "fuzz/corpus/${name#fuzz_}" ]] && cp -r "fuzz/corpus/${name#fuzz_}/." "$work/"
-    echo "== fuzz: $name for ${seconds}s"
+    echo "== fuzz: $name for ${seconds}s (log: build-fuzz/$name.log)"
+    # libFuzzer's progress lines would bury the test summary: keep them in the log, show the
+    # end of it only when the target fails.
     if ! "$target" -max_len=65536 -timeout=10 -rss_limit_mb=2048 -max_total_time="$seconds" \
-        -artifact_prefix="build-fuzz/artifacts/$name-" "$work"; then
+        -artifact_prefix="build-fuzz/artifacts/$name-" "$work" >"build-fuzz/$name.log" 2>&1; then
+      tail -n 60 "build-fuzz/$name.log"
       echo "== fuzz: $name FAILED (reproducer in build-fuzz/artifacts/)"
       FUZZ_FAILED=$((FUZZ_FAILED + 1))
+    else
+      grep -E '^Done [0-9]+ runs' "build-fuzz/$name.log" || true
     fi
     rm -rf "$work"
   done
