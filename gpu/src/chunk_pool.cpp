@@ -1,0 +1,88 @@
+#include "kvnode/gpu/chunk_pool.hpp"
+
+#include <limits>
+#include <string>
+
+namespace kvnode::gpu {
+
+Result<std::size_t> page_bytes_for(const KvShape& shape) {
+  return chunk_bytes(shape);
+}
+
+Result<ChunkPool> ChunkPool::create(const PoolOptions& options) {
+  if (options.page_bytes == 0) return make_error("chunk pool: page_bytes must be > 0");
+  if (options.pages == 0) return make_error("chunk pool: pages must be > 0");
+  if (options.pages > std::numeric_limits<PageId>::max())
+    return make_error("chunk pool: at most " +
+                      std::to_string(std::numeric_limits<PageId>::max()) + " pages");
+  if (options.page_bytes > std::numeric_limits<std::size_t>::max() / options.pages)
+    return make_error("chunk pool: page_bytes x pages overflows");
+  Result<MemoryRegion> region =
+      MemoryRegion::allocate(options.page_bytes * options.pages, options.region);
+  if (!region)
+    return make_error("chunk pool of " + std::to_string(options.pages) + " x " +
+                      std::to_string(options.page_bytes) + " bytes: " + region.error().message);
+  return ChunkPool(std::move(region).value(), options.page_bytes, options.pages);
+}
+
+ChunkPool::ChunkPool(MemoryRegion region, std::size_t page_bytes, std::size_t pages)
+    : region_(std::move(region)), page_bytes_(page_bytes), page_count_(pages), in_use_(pages) {
+  free_.reserve(pages);
+  // Lowest ids on top: a fresh pool hands out pages from the start of the region.
+  for (std::size_t i = pages; i-- > 0;) free_.push_back(static_cast<PageId>(i));
+}
+
+ChunkPool::ChunkPool(ChunkPool&& other) noexcept
+    : region_(std::move(other.region_)),
+      page_bytes_(other.page_bytes_),
+      page_count_(other.page_count_),
+      free_(std::move(other.free_)),
+      in_use_(std::move(other.in_use_)) {
+  other.page_count_ = 0;
+}
+
+std::optional<PageId> ChunkPool::allocate() {
+  std::lock_guard lock(mutex_);
+  if (free_.empty()) return std::nullopt;
+  const PageId page = free_.back();
+  free_.pop_back();
+  in_use_[page] = true;
+  return page;
+}
+
+std::vector<PageId> ChunkPool::allocate(std::size_t n) {
+  std::lock_guard lock(mutex_);
+  if (n > free_.size()) return {};
+  std::vector<PageId> pages(free_.end() - static_cast<std::ptrdiff_t>(n), free_.end());
+  free_.resize(free_.size() - n);
+  for (PageId p : pages) in_use_[p] = true;
+  return pages;
+}
+
+Status ChunkPool::release(PageId page) {
+  std::lock_guard lock(mutex_);
+  if (page >= page_count_)
+    return make_error("chunk pool: page " + std::to_string(page) + " is outside the pool (" +
+                      std::to_string(page_count_) + " pages)");
+  if (!in_use_[page])
+    return make_error("chunk pool: page " + std::to_string(page) + " is not in use");
+  in_use_[page] = false;
+  free_.push_back(page);
+  return {};
+}
+
+std::byte* ChunkPool::page(PageId page) const {
+  return page < page_count_ ? region_.data() + static_cast<std::size_t>(page) * page_bytes_
+                            : nullptr;
+}
+
+bool ChunkPool::contains(PageId first, std::size_t count) const {
+  return count <= page_count_ && first <= page_count_ - count;
+}
+
+std::size_t ChunkPool::free_pages() const {
+  std::lock_guard lock(mutex_);
+  return free_.size();
+}
+
+}  // namespace kvnode::gpu

@@ -1,0 +1,16 @@
+// The CUDA runtime calls behind MemoryRegion's pinned and device kinds. Built as stubs that
+// return errors when the build has no CUDA, so memory_region.cpp has no #if.
+#pragma once
+
+#include <cstddef>
+
+#include "kvnode/common/result.hpp"
+
+namespace kvnode::gpu::detail {
+
+Result<void*> cuda_host_alloc(std::size_t bytes);
+void cuda_host_free(void* p);
+Result<void*> cuda_device_alloc(std::size_t bytes, int device);
+void cuda_device_free(void* p, int device);
+
+}  // namespace kvnode::gpu::detail
