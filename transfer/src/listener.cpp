@@ -1,0 +1,216 @@
+#include "kvnode/transfer/listener.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <cstring>
+
+namespace kvnode::transfer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr unsigned kHelloId = 7;    // a peer's descriptor
+constexpr unsigned kWelcomeId = 8;  // the listener's answer
+
+Result<sockaddr_storage> resolve(const std::string& host, std::uint16_t port, socklen_t* len) {
+  sockaddr_storage ss{};
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&ss);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&ss);
+  const std::string h = host.empty() ? "0.0.0.0" : host;
+  if (inet_pton(AF_INET, h.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(port);
+    *len = sizeof(sockaddr_in);
+  } else if (inet_pton(AF_INET6, h.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(port);
+    *len = sizeof(sockaddr_in6);
+  } else {
+    return make_error("'" + host + "' is not an IPv4 or IPv6 address");
+  }
+  return ss;
+}
+
+void close_forced(const ucx::Worker& worker, ucp_ep_h ep) {
+  ucp_request_param_t params{};
+  params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  params.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  ucs_status_ptr_t request = ucp_ep_close_nbx(ep, &params);
+  if (request == nullptr || UCS_PTR_IS_ERR(request)) return;
+  while (ucp_request_check_status(request) == UCS_INPROGRESS) worker.progress();
+  ucp_request_free(request);
+}
+
+Status set_handler(const ucx::Worker& worker, unsigned id, ucp_am_recv_callback_t cb, void* arg) {
+  ucp_am_handler_param_t param{};
+  param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                     UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  param.id = id;
+  param.cb = cb;
+  param.arg = arg;
+  if (ucs_status_t st = ucp_worker_set_am_recv_handler(worker.get(), &param); st != UCS_OK)
+    return ucx::status_error("ucp_worker_set_am_recv_handler", st);
+  return {};
+}
+
+void ignore_errors(void*, ucp_ep_h, ucs_status_t) {}
+
+}  // namespace
+
+Result<std::unique_ptr<Listener>> Listener::bind(const ucx::Worker& worker, const std::string& host,
+                                                 std::uint16_t port, ucx::Bytes descriptor) {
+  socklen_t len = 0;
+  Result<sockaddr_storage> addr = resolve(host, port, &len);
+  if (!addr) return make_error("listener: " + addr.error().message);
+  std::unique_ptr<Listener> self(new Listener(worker, std::move(descriptor)));
+  if (Status s = set_handler(worker, kHelloId, &Listener::on_hello, self.get()); !s)
+    return s.error();
+  ucp_listener_params_t params{};
+  params.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+  params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&*addr);
+  params.sockaddr.addrlen = len;
+  params.conn_handler.cb = &Listener::on_connection;
+  params.conn_handler.arg = self.get();
+  if (ucs_status_t st = ucp_listener_create(worker.get(), &params, &self->listener_); st != UCS_OK)
+    return make_error("cannot listen at " + host + ":" + std::to_string(port) + ": " +
+                      ucs_status_string(st));
+  ucp_listener_attr_t attr{};
+  attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+  if (ucs_status_t st = ucp_listener_query(self->listener_, &attr); st != UCS_OK)
+    return ucx::status_error("ucp_listener_query", st);
+  self->port_ = ntohs(attr.sockaddr.ss_family == AF_INET6
+                          ? reinterpret_cast<const sockaddr_in6*>(&attr.sockaddr)->sin6_port
+                          : reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port);
+  return self;
+}
+
+Listener::~Listener() {
+  for (ucs_status_ptr_t request : sends_) {
+    while (ucp_request_check_status(request) == UCS_INPROGRESS) worker_.progress();
+    ucp_request_free(request);
+  }
+  for (ucp_ep_h ep : accepted_) close_forced(worker_, ep);
+  if (listener_) ucp_listener_destroy(listener_);
+  ucp_am_handler_param_t param{};  // unhook: the handler's arg is about to dangle
+  param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB;
+  param.id = kHelloId;
+  param.cb = nullptr;
+  (void)ucp_worker_set_am_recv_handler(worker_.get(), &param);
+}
+
+void Listener::on_connection(ucp_conn_request_h request, void* arg) {
+  auto* self = static_cast<Listener*>(arg);
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.conn_request = request;
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler.cb = &ignore_errors;  // a peer that leaves mid-handshake just goes away
+  ucp_ep_h ep = nullptr;
+  if (ucp_ep_create(self->worker_.get(), &params, &ep) == UCS_OK)
+    self->accepted_.push_back(ep);
+  else
+    ucp_listener_reject(self->listener_, request);
+}
+
+ucs_status_t Listener::on_hello(void* arg, const void*, std::size_t, void*, std::size_t,
+                                const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<Listener*>(arg);
+  // Answer from progress(), not from inside UCX's callback.
+  if ((param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) && param->reply_ep)
+    self->replies_.push_back(param->reply_ep);
+  return UCS_OK;
+}
+
+unsigned Listener::progress() {
+  unsigned n = worker_.progress();
+  while (!replies_.empty()) {
+    ucp_ep_h ep = replies_.front();
+    replies_.pop_front();
+    ucp_request_param_t params{};
+    ucs_status_ptr_t request = ucp_am_send_nbx(ep, kWelcomeId, nullptr, 0, descriptor_.data(),
+                                               descriptor_.size(), &params);
+    if (request != nullptr && !UCS_PTR_IS_ERR(request)) sends_.push_back(request);
+    ++handshakes_;
+    ++n;
+  }
+  std::erase_if(sends_, [](ucs_status_ptr_t request) {
+    if (ucp_request_check_status(request) == UCS_INPROGRESS) return false;
+    ucp_request_free(request);
+    return true;
+  });
+  return n;
+}
+
+namespace {
+
+struct Welcome {
+  bool received = false;
+  bool too_large = false;
+  ucx::Bytes descriptor;
+};
+
+ucs_status_t on_welcome(void* arg, const void*, std::size_t, void* data, std::size_t length,
+                        const ucp_am_recv_param_t* param) {
+  auto* w = static_cast<Welcome*>(arg);
+  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+    w->too_large = true;  // a descriptor is a few hundred bytes: eager, or not ours
+  } else {
+    w->descriptor.resize(length);
+    if (length) std::memcpy(w->descriptor.data(), data, length);
+  }
+  w->received = true;
+  return UCS_OK;
+}
+
+}  // namespace
+
+Result<ucx::Bytes> handshake(const ucx::Worker& worker, const std::string& host, std::uint16_t port,
+                             const ucx::Bytes& descriptor, Clock::time_point deadline) {
+  socklen_t len = 0;
+  Result<sockaddr_storage> addr = resolve(host, port, &len);
+  if (!addr) return make_error("handshake: " + addr.error().message);
+  Welcome welcome;
+  if (Status s = set_handler(worker, kWelcomeId, &on_welcome, &welcome); !s) return s.error();
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+  params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&*addr);
+  params.sockaddr.addrlen = len;
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler.cb = &ignore_errors;
+  ucp_ep_h ep = nullptr;
+  const std::string where = host + ":" + std::to_string(port);
+  Result<ucx::Bytes> result = make_error("handshake with " + where + ": no answer before the deadline");
+  if (ucs_status_t st = ucp_ep_create(worker.get(), &params, &ep); st != UCS_OK) {
+    result = make_error("handshake with " + where + ": " + ucs_status_string(st));
+  } else {
+    ucp_request_param_t send{};
+    send.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    send.flags = UCP_AM_SEND_FLAG_REPLY;
+    const Status sent = worker.wait(
+        ucp_am_send_nbx(ep, kHelloId, nullptr, 0, descriptor.data(), descriptor.size(), &send),
+        deadline, "ucp_am_send_nbx(hello)");
+    if (!sent) {
+      result = make_error("handshake with " + where + ": " + sent.error().message);
+    } else {
+      while (!welcome.received && Clock::now() < deadline)
+        for (int i = 0; i < 64 && !welcome.received; ++i) worker.progress();
+      if (welcome.too_large)
+        result = make_error("handshake with " + where + ": the answer came as a rendezvous");
+      else if (welcome.received)
+        result = std::move(welcome.descriptor);
+    }
+    close_forced(worker, ep);
+  }
+  ucp_am_handler_param_t unhook{};
+  unhook.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB;
+  unhook.id = kWelcomeId;
+  unhook.cb = nullptr;
+  (void)ucp_worker_set_am_recv_handler(worker.get(), &unhook);
+  return result;
+}
+
+}  // namespace kvnode::transfer
