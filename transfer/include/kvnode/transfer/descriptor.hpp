@@ -1,0 +1,26 @@
+// What a node tells a peer in the handshake: how to reach its worker and where its chunk pool
+// is. Encoded as a msgpack map; decoding treats the bytes as hostile (they come off the network):
+// every field is type- and size-checked and an error names the field.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kvnode/common/result.hpp"
+#include "kvnode/transfer/ucx_handles.hpp"
+
+namespace kvnode::transfer {
+
+struct PeerDescriptor {
+  std::string node;            // who this is, for logs (e.g. the peer_init_url)
+  ucx::Bytes worker_address;   // for ucx::Endpoint::connect
+  ucx::Bytes rkey;             // the pool's packed rkey
+  std::uint64_t base = 0;      // the pool's first byte in the peer's address space
+  std::uint64_t page_bytes = 0;
+  std::uint32_t pages = 0;
+};
+
+ucx::Bytes encode(const PeerDescriptor& descriptor);
+Result<PeerDescriptor> decode_descriptor(const ucx::Bytes& bytes);
+
+}  // namespace kvnode::transfer
