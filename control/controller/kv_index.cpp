@@ -61,7 +61,7 @@ KvIndex::Mapping::Mapping(std::size_t bytes, bool huge_pages) {
 
 KvIndex::Mapping& KvIndex::Mapping::operator=(Mapping&& o) noexcept {
   if (this != &o) {
-    this->~Mapping();
+    unmap();
     base_ = std::exchange(o.base_, nullptr);
     bytes_ = std::exchange(o.bytes_, 0);
     populated_ = std::exchange(o.populated_, 0);
@@ -71,7 +71,7 @@ KvIndex::Mapping& KvIndex::Mapping::operator=(Mapping&& o) noexcept {
   return *this;
 }
 
-KvIndex::Mapping::~Mapping() {
+void KvIndex::Mapping::unmap() {
   if (base_) munmap(base_, bytes_);
   base_ = nullptr;
 }

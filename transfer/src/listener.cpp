@@ -12,6 +12,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr unsigned kHelloId = 7;    // a peer's descriptor
 constexpr unsigned kWelcomeId = 8;  // the listener's answer
+constexpr auto kShutdownGrace = std::chrono::seconds(1);
 
 Result<sockaddr_storage> resolve(const std::string& host, std::uint16_t port, socklen_t* len) {
   sockaddr_storage ss{};
@@ -86,8 +87,18 @@ Result<std::unique_ptr<Listener>> Listener::bind(const ucx::Worker& worker, cons
 }
 
 Listener::~Listener() {
+  // Answers still in flight get a moment, then are cancelled: a peer that went away must not
+  // hold up shutdown.
+  const auto until = Clock::now() + kShutdownGrace;
   for (ucs_status_ptr_t request : sends_) {
-    while (ucp_request_check_status(request) == UCS_INPROGRESS) worker_.progress();
+    bool cancelled = false;
+    while (ucp_request_check_status(request) == UCS_INPROGRESS) {
+      worker_.progress();
+      if (!cancelled && Clock::now() > until) {
+        ucp_request_cancel(worker_.get(), request);
+        cancelled = true;
+      }
+    }
     ucp_request_free(request);
   }
   for (ucp_ep_h ep : accepted_) close_forced(worker_, ep);

@@ -81,7 +81,7 @@ class KvIndex {
     Mapping(std::size_t bytes, bool huge_pages);  // zeroed; throws std::bad_alloc
     Mapping(Mapping&& o) noexcept { *this = std::move(o); }
     Mapping& operator=(Mapping&& o) noexcept;
-    ~Mapping();
+    ~Mapping() { unmap(); }
     void* data() const { return base_; }
     std::size_t populated() const { return populated_; }
     // Faults in the pages below `offset` (rounded up to a page) that are not yet.
@@ -90,6 +90,7 @@ class KvIndex {
     void release_below(std::size_t offset);
 
    private:
+    void unmap();
     char* base_ = nullptr;
     std::size_t bytes_ = 0, populated_ = 0, released_ = 0, page_ = 4096;
   };
