@@ -15,6 +15,19 @@ constexpr std::int64_t kMaxSyncBatches = 1'000'000;
 
 enum class SyncState { kSyncing, kCompleted, kFailed };
 
+// Calls visit(i) for i in [first, last) while it returns true, having started to load the index
+// slot of key(i + kAhead): on a large table each key is a likely cache miss.
+template <class Key, class Visit>
+void visit_prefetched(const KvIndex& index, std::size_t first, std::size_t last, Key&& key,
+                      Visit&& visit) {
+  constexpr std::size_t kAhead = 8;
+  for (std::size_t i = first; i < std::min(last, first + kAhead); ++i) index.prefetch(key(i));
+  for (std::size_t i = first; i < last; ++i) {
+    if (i + kAhead < last) index.prefetch(key(i + kAhead));
+    if (!visit(i)) return;
+  }
+}
+
 }  // namespace
 
 struct Registry::State {
@@ -330,12 +343,8 @@ ApplyResult Registry::apply(const wire::BatchedKVOperationMsg& msg, const ApplyS
   KvIndex& index = s_->index;
   const bool was_empty = index.holder_size(loc.holder) == 0;
   bool gap_counted = slice.gap_counted;
-  // Each op's slot is a likely cache miss on a large table: start loading a few ahead.
-  constexpr std::size_t kAhead = 8;
-  for (std::size_t i = first; i < std::min(last, first + kAhead); ++i)
-    index.prefetch(msg.operations[i].key);
-  for (std::size_t i = first; i < last; ++i) {
-    if (i + kAhead < last) index.prefetch(msg.operations[i + kAhead].key);
+  const auto key = [&](std::size_t i) { return msg.operations[i].key; };
+  visit_prefetched(index, first, last, key, [&](std::size_t i) {
     const wire::KVOpEvent& op = msg.operations[i];
     if (op.op_type == wire::OpType::kAdmit)
       index.insert(op.key, loc.holder);
@@ -348,7 +357,8 @@ ApplyResult Registry::apply(const wire::BatchedKVOperationMsg& msg, const ApplyS
       ++s_->seq_discontinuities;
     }
     loc.last_seq = op.seq_num;
-  }
+    return true;
+  });
   if (was_empty && index.holder_size(loc.holder) > 0) loc.order = s_->next_order++;
   r.ops = last - first;
   return r;
@@ -384,16 +394,14 @@ wire::BatchedP2PLookupRetMsg Registry::p2p_lookup(const wire::BatchedP2PLookupMs
   });
   if (!best) return ret;
   const HolderId holder = best->location->holder;
-  // Each hash is a likely cache miss on a large table: start loading a few ahead.
-  constexpr std::size_t kAhead = 8;
-  const std::size_t n = msg.hashes.size();
-  for (std::size_t i = 0; i < std::min(n, kAhead); ++i) s_->index.prefetch(msg.hashes[i]);
   std::int64_t hits = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) s_->index.prefetch(msg.hashes[i + kAhead]);
-    if (!s_->index.contains(msg.hashes[i], holder)) break;
-    ++hits;
-  }
+  visit_prefetched(
+      s_->index, 0, msg.hashes.size(), [&](std::size_t i) { return msg.hashes[i]; },
+      [&](std::size_t i) {
+        if (!s_->index.contains(msg.hashes[i], holder)) return false;
+        ++hits;
+        return true;
+      });
   ret.layout_info[0] = wire::P2PLayout{best->worker->instance->id, best->location->name, hits,
                                        *best->worker->peer_init_url};
   return ret;

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "kvnode/transfer/listener.hpp"
+#include "support/must.hpp"
 
 namespace kvnode::transfer {
 namespace {
@@ -14,11 +15,7 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-template <class T>
-T must(Result<T> r) {
-  if (!r) throw std::runtime_error(r.error().message);
-  return std::move(r).value();
-}
+using test::must;
 
 ucx::ContextOptions loopback_tcp() {
   ucx::ContextOptions o;

@@ -10,6 +10,7 @@
 
 #include "kvnode/transfer/descriptor.hpp"
 #include "kvnode/transfer/listener.hpp"
+#include "support/must.hpp"
 #include "support/child_process.hpp"
 
 namespace kvnode::transfer {
@@ -18,11 +19,7 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-template <class T>
-T must(Result<T> r) {
-  if (!r) throw std::runtime_error(r.error().message);
-  return std::move(r).value();
-}
+using test::must;
 
 struct Transport {
   const char* name;

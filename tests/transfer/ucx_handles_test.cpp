@@ -11,6 +11,7 @@
 
 #include "kvnode/gpu/chunk_pool.hpp"
 #include "kvnode/transfer/ucx_handles.hpp"
+#include "support/must.hpp"
 
 namespace kvnode::transfer::ucx {
 namespace {
@@ -18,11 +19,7 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-template <class T>
-T must(Result<T> r) {
-  if (!r) throw std::runtime_error(r.error().message);
-  return std::move(r).value();
-}
+using test::must;
 
 struct Transport {
   const char* name;

@@ -33,16 +33,6 @@ Result<sockaddr_storage> resolve(const std::string& host, std::uint16_t port, so
   return ss;
 }
 
-void close_forced(const ucx::Worker& worker, ucp_ep_h ep) {
-  ucp_request_param_t params{};
-  params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  params.flags = UCP_EP_CLOSE_FLAG_FORCE;
-  ucs_status_ptr_t request = ucp_ep_close_nbx(ep, &params);
-  if (request == nullptr || UCS_PTR_IS_ERR(request)) return;
-  while (ucp_request_check_status(request) == UCS_INPROGRESS) worker.progress();
-  ucp_request_free(request);
-}
-
 Status set_handler(const ucx::Worker& worker, unsigned id, ucp_am_recv_callback_t cb, void* arg) {
   ucp_am_handler_param_t param{};
   param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
@@ -53,6 +43,15 @@ Status set_handler(const ucx::Worker& worker, unsigned id, ucp_am_recv_callback_
   if (ucs_status_t st = ucp_worker_set_am_recv_handler(worker.get(), &param); st != UCS_OK)
     return ucx::status_error("ucp_worker_set_am_recv_handler", st);
   return {};
+}
+
+// Removes the handler of `id`, whose arg is about to dangle.
+void unset_handler(const ucx::Worker& worker, unsigned id) {
+  ucp_am_handler_param_t param{};
+  param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB;
+  param.id = id;
+  param.cb = nullptr;
+  (void)ucp_worker_set_am_recv_handler(worker.get(), &param);
 }
 
 void ignore_errors(void*, ucp_ep_h, ucs_status_t) {}
@@ -101,13 +100,9 @@ Listener::~Listener() {
     }
     ucp_request_free(request);
   }
-  for (ucp_ep_h ep : accepted_) close_forced(worker_, ep);
+  for (ucp_ep_h ep : accepted_) ucx::close_forced(worker_, ep);
   if (listener_) ucp_listener_destroy(listener_);
-  ucp_am_handler_param_t param{};  // unhook: the handler's arg is about to dangle
-  param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB;
-  param.id = kHelloId;
-  param.cb = nullptr;
-  (void)ucp_worker_set_am_recv_handler(worker_.get(), &param);
+  unset_handler(worker_, kHelloId);
 }
 
 void Listener::on_connection(ucp_conn_request_h request, void* arg) {
@@ -214,13 +209,9 @@ Result<ucx::Bytes> handshake(const ucx::Worker& worker, const std::string& host,
       else if (welcome.received)
         result = std::move(welcome.descriptor);
     }
-    close_forced(worker, ep);
+    ucx::close_forced(worker, ep);
   }
-  ucp_am_handler_param_t unhook{};
-  unhook.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB;
-  unhook.id = kWelcomeId;
-  unhook.cb = nullptr;
-  (void)ucp_worker_set_am_recv_handler(worker.get(), &unhook);
+  unset_handler(worker, kWelcomeId);
   return result;
 }
 

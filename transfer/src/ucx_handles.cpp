@@ -129,17 +129,19 @@ Result<Endpoint> Endpoint::connect(const Worker& worker, const Bytes& peer_addre
   return Endpoint(&worker, ep, std::move(state));
 }
 
-Endpoint::~Endpoint() {
-  if (!handle_) return;
-  // Forced: every operation of ours completed (or was cancelled) before it returned, so there is
-  // nothing to flush, and a graceful close to a dead peer would wait for UCX's keepalive.
+void close_forced(const Worker& worker, ucp_ep_h ep) {
   ucp_request_param_t params{};
   params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   params.flags = UCP_EP_CLOSE_FLAG_FORCE;
-  ucs_status_ptr_t request = ucp_ep_close_nbx(handle_, &params);
+  ucs_status_ptr_t request = ucp_ep_close_nbx(ep, &params);
   if (request == nullptr || UCS_PTR_IS_ERR(request)) return;
-  while (ucp_request_check_status(request) == UCS_INPROGRESS) worker_->progress();
+  while (ucp_request_check_status(request) == UCS_INPROGRESS) worker.progress();
   ucp_request_free(request);
+}
+
+Endpoint::~Endpoint() {
+  // Forced: every operation of ours completed (or was cancelled) before it returned.
+  if (handle_) close_forced(*worker_, handle_);
 }
 
 Result<RemoteKey> RemoteKey::unpack(const Endpoint& endpoint, const Bytes& packed) {

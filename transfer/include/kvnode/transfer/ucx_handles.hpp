@@ -84,6 +84,11 @@ class Registration {
   std::size_t length_;
 };
 
+// Closes an endpoint without flushing (nothing of ours is in flight when we close) and
+// progresses the worker until UCX is done with it; a graceful close to a dead peer would wait
+// for UCX's keepalive.
+void close_forced(const Worker& worker, ucp_ep_h ep);
+
 // A connection to one peer worker, with peer error handling so a dead peer fails operations
 // instead of hanging them. Closed (flushed, or forced after a failure) when destroyed.
 class Endpoint {
