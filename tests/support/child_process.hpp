@@ -57,6 +57,10 @@ class ChildProcess {
   }
 
   bool started() const { return pid_ > 0 || exit_status_.has_value(); }
+  // Sends a signal (SIGSTOP, SIGCONT, ...) to a child that is still running.
+  void signal(int sig) {
+    if (pid_ > 0) ::kill(pid_, sig);
+  }
 
   // True while the child runs; reaps it (keeping its status) once it has exited.
   bool running() {

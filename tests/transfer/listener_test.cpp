@@ -75,7 +75,7 @@ TEST(Listener, NobodyListeningAndBadAddressesAreErrors) {
   // A port that was just free: nothing answers, and the deadline bounds the wait.
   std::uint16_t port = 0;
   {
-    auto probe = must(Listener::bind(worker, "127.0.0.1", 0, {}));
+    auto probe = must(Listener::bind(worker, "127.0.0.1", 0, ucx::Bytes{}));
     port = probe->port();
   }
   const auto start = Clock::now();
@@ -85,7 +85,7 @@ TEST(Listener, NobodyListeningAndBadAddressesAreErrors) {
   const auto bad = handshake(worker, "not-an-ip", 1234, text("hi"), Clock::now() + 1s);
   ASSERT_FALSE(bad);
   EXPECT_NE(bad.error().message.find("not-an-ip"), std::string::npos);
-  const auto bound = Listener::bind(worker, "999.1.1.1", 0, {});
+  const auto bound = Listener::bind(worker, "999.1.1.1", 0, ucx::Bytes{});
   ASSERT_FALSE(bound);
 }
 

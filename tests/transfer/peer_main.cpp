@@ -1,15 +1,22 @@
-// transfer_test_peer PORT_FILE: a remote node for the two-process tests. Holds a 4-page pool
-// whose page p byte i is (p * 31 + i) & 0xff, listens on 127.0.0.1 (free port, written to
-// PORT_FILE once ready) and progresses its worker until killed. Transports come from UCX_* in
-// the environment, so both processes use the same.
+// transfer_test_peer: a remote node for the two-process tests and kvbench. It runs a transfer
+// plane over a pool whose pages hold test::fill_pattern(seed, page), writes its url to PORT_FILE
+// once ready, and serves until killed. Transports come from UCX_* in the environment, so both
+// processes use the same.
+//   transfer_test_peer PORT_FILE PAGE_BYTES PAGES [PORT [SEED]]
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <string>
+#include <thread>
 
 #include "kvnode/gpu/chunk_pool.hpp"
-#include "kvnode/transfer/descriptor.hpp"
-#include "kvnode/transfer/listener.hpp"
+#include "kvnode/transfer/plane.hpp"
+#include "pattern.hpp"
 
 using namespace kvnode;
+
+namespace {
 
 template <class T>
 T must(Result<T> r) {
@@ -20,34 +27,47 @@ T must(Result<T> r) {
   return std::move(r).value();
 }
 
+unsigned long number(const char* text, unsigned long max) {
+  char* end = nullptr;
+  const unsigned long v = std::strtoul(text, &end, 10);
+  if (end == text || *end != '\0' || v > max) {
+    std::fprintf(stderr, "transfer_test_peer: bad number '%s'\n", text);
+    std::exit(2);
+  }
+  return v;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: transfer_test_peer PORT_FILE\n");
+  if (argc < 4 || argc > 6) {
+    std::fprintf(stderr, "usage: transfer_test_peer PORT_FILE PAGE_BYTES PAGES [PORT [SEED]]\n");
     return 2;
   }
+  transfer::prefer_port_reuse();  // restarted on the same port by the fault tests
   gpu::PoolOptions options;
-  options.page_bytes = 256 << 10;
-  options.pages = 4;
+  options.page_bytes = number(argv[2], 1ul << 31);
+  options.pages = number(argv[3], 1u << 20);
+  const auto port = static_cast<std::uint16_t>(argc > 4 ? number(argv[4], 65535) : 0);
+  const auto seed = static_cast<std::uint32_t>(argc > 5 ? number(argv[5], 255) : 1);
   gpu::ChunkPool pool = must(gpu::ChunkPool::create(options));
-  for (gpu::PageId p = 0; p < 4; ++p)
-    for (std::size_t i = 0; i < pool.page_bytes(); ++i)
-      pool.page(p)[i] = static_cast<std::byte>((p * 31 + i) & 0xff);
-  const auto context = must(transfer::ucx::Context::create());
-  const auto worker = must(transfer::ucx::Worker::create(context));
-  const auto reg =
-      must(transfer::ucx::Registration::map(context, pool.region().data(), pool.region().size()));
-  transfer::PeerDescriptor d;
-  d.node = "transfer_test_peer";
-  d.worker_address = must(worker.address());
-  d.rkey = must(reg.packed_rkey());
-  d.base = reinterpret_cast<std::uint64_t>(pool.region().data());
-  d.page_bytes = pool.page_bytes();
-  d.pages = static_cast<std::uint32_t>(pool.page_count());
-  auto listener = must(transfer::Listener::bind(worker, "127.0.0.1", 0, transfer::encode(d)));
+  for (gpu::PageId p = 0; p < pool.page_count(); ++p)
+    test::fill_pattern(pool.page(p), pool.page_bytes(), seed, p);
+  transfer::PlaneOptions plane_options;
+  plane_options.port = port;
+  auto plane = must(transfer::TransferPlane::start(plane_options, pool));
+  const std::string file = argv[1];
   {
-    std::ofstream out(std::string(argv[1]) + ".tmp");
-    out << listener->port() << "\n";
+    std::ofstream out(file + ".tmp");
+    out << plane->url() << "\n";
   }
-  std::rename((std::string(argv[1]) + ".tmp").c_str(), argv[1]);  // appears whole
-  for (;;) listener->progress();
+  std::rename((file + ".tmp").c_str(), file.c_str());  // appears whole
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  int sig = 0;
+  sigwait(&set, &sig);
+  return 0;
 }

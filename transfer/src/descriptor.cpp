@@ -2,7 +2,11 @@
 
 #include <msgpack.hpp>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <string_view>
 
@@ -27,7 +31,7 @@ Error field_error(std::string_view field, std::string_view what) {
 ucx::Bytes encode(const PeerDescriptor& d) {
   msgpack::sbuffer buffer;
   msgpack::packer<msgpack::sbuffer> pk(buffer);
-  pk.pack_map(6);
+  pk.pack_map(8);
   pk.pack("node");
   pk.pack(d.node);
   pk.pack("worker_address");
@@ -40,9 +44,33 @@ ucx::Bytes encode(const PeerDescriptor& d) {
   pk.pack(d.page_bytes);
   pk.pack("pages");
   pk.pack(d.pages);
+  pk.pack("host");
+  pk.pack(d.host);
+  pk.pack("instance");
+  pk.pack(d.instance);
   ucx::Bytes out(buffer.size());
   std::memcpy(out.data(), buffer.data(), buffer.size());
   return out;
+}
+
+ucx::Bytes encode_refusal(const std::string& reason) {
+  msgpack::sbuffer buffer;
+  msgpack::packer<msgpack::sbuffer> pk(buffer);
+  pk.pack_map(1);
+  pk.pack("error");
+  pk.pack(reason.substr(0, kMaxNode));
+  ucx::Bytes out(buffer.size());
+  std::memcpy(out.data(), buffer.data(), buffer.size());
+  return out;
+}
+
+std::string host_identity() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  return std::string(name) + "/" + id;
 }
 
 Result<PeerDescriptor> decode_descriptor(const ucx::Bytes& bytes) {
@@ -95,6 +123,15 @@ Result<PeerDescriptor> decode_descriptor(const ucx::Bytes& bytes) {
       s = uint(d.base, std::numeric_limits<std::uint64_t>::max(), 8);
     } else if (key == "page_bytes") {
       s = uint(d.page_bytes, std::numeric_limits<std::uint64_t>::max(), 16);
+    } else if (key == "error") {
+      if (v.type != msgpack::type::STR) return field_error(key, "expected a string");
+      return make_error("refused: " + std::string(v.via.str.ptr, std::min<std::size_t>(v.via.str.size, kMaxNode)));
+    } else if (key == "host") {
+      if (v.type != msgpack::type::STR) return field_error(key, "expected a string");
+      if (v.via.str.size > kMaxNode) return field_error(key, "longer than 1024 bytes");
+      d.host.assign(v.via.str.ptr, v.via.str.size);
+    } else if (key == "instance") {
+      s = uint(d.instance, std::numeric_limits<std::uint64_t>::max(), 0);
     } else if (key == "pages") {
       s = uint(pages, std::numeric_limits<std::uint32_t>::max(), 32);
       d.pages = static_cast<std::uint32_t>(pages);

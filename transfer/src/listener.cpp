@@ -4,15 +4,17 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace kvnode::transfer {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr unsigned kHelloId = 7;    // a peer's descriptor
-constexpr unsigned kWelcomeId = 8;  // the listener's answer
+constexpr unsigned kHelloId = kHelloAmId;
+constexpr unsigned kWelcomeId = kWelcomeAmId;
 constexpr auto kShutdownGrace = std::chrono::seconds(1);
+constexpr std::size_t kMaxHello = 64 << 10;  // a descriptor is a few hundred bytes
 
 Result<sockaddr_storage> resolve(const std::string& host, std::uint16_t port, socklen_t* len) {
   sockaddr_storage ss{};
@@ -60,10 +62,17 @@ void ignore_errors(void*, ucp_ep_h, ucs_status_t) {}
 
 Result<std::unique_ptr<Listener>> Listener::bind(const ucx::Worker& worker, const std::string& host,
                                                  std::uint16_t port, ucx::Bytes descriptor) {
+  ListenerHooks hooks;
+  hooks.answer = [d = std::move(descriptor)](const ucx::Bytes&, ucp_ep_h) { return d; };
+  return bind(worker, host, port, std::move(hooks));
+}
+
+Result<std::unique_ptr<Listener>> Listener::bind(const ucx::Worker& worker, const std::string& host,
+                                                 std::uint16_t port, ListenerHooks hooks) {
   socklen_t len = 0;
   Result<sockaddr_storage> addr = resolve(host, port, &len);
   if (!addr) return make_error("listener: " + addr.error().message);
-  std::unique_ptr<Listener> self(new Listener(worker, std::move(descriptor)));
+  std::unique_ptr<Listener> self(new Listener(worker, std::move(hooks)));
   if (Status s = set_handler(worker, kHelloId, &Listener::on_hello, self.get()); !s)
     return s.error();
   ucp_listener_params_t params{};
@@ -89,7 +98,8 @@ Listener::~Listener() {
   // Answers still in flight get a moment, then are cancelled: a peer that went away must not
   // hold up shutdown.
   const auto until = Clock::now() + kShutdownGrace;
-  for (ucs_status_ptr_t request : sends_) {
+  for (const Send& send : sends_) {
+    ucs_status_ptr_t request = send.request;
     bool cancelled = false;
     while (ucp_request_check_status(request) == UCS_INPROGRESS) {
       worker_.progress();
@@ -112,41 +122,99 @@ void Listener::on_connection(ucp_conn_request_h request, void* arg) {
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;
   params.conn_request = request;
   params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-  params.err_handler.cb = &ignore_errors;  // a peer that leaves mid-handshake just goes away
+  params.err_handler.cb = &Listener::on_error;
+  params.err_handler.arg = self;
   ucp_ep_h ep = nullptr;
-  if (ucp_ep_create(self->worker_.get(), &params, &ep) == UCS_OK)
-    self->accepted_.push_back(ep);
-  else
-    ucp_listener_reject(self->listener_, request);
+  // On failure UCX 1.13 has already consumed the request (a client that left before we got to
+  // it): rejecting it as well would touch freed memory, so there is nothing more to do.
+  if (ucp_ep_create(self->worker_.get(), &params, &ep) == UCS_OK) self->accepted_.push_back(ep);
 }
 
-ucs_status_t Listener::on_hello(void* arg, const void*, std::size_t, void*, std::size_t,
+void Listener::on_error(void* arg, ucp_ep_h ep, ucs_status_t) {
+  static_cast<Listener*>(arg)->lost_.push_back(ep);  // closed from progress(), not in here
+}
+
+ucs_status_t Listener::on_hello(void* arg, const void*, std::size_t, void* data, std::size_t length,
                                 const ucp_am_recv_param_t* param) {
   auto* self = static_cast<Listener*>(arg);
-  // Answer from progress(), not from inside UCX's callback.
-  if ((param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) && param->reply_ep)
-    self->replies_.push_back(param->reply_ep);
+  // A hello too large to come eagerly is not a descriptor: no answer.
+  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) || param->reply_ep == nullptr ||
+      (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || length > kMaxHello)
+    return UCS_OK;
+  Hello hello{param->reply_ep, ucx::Bytes(length)};
+  if (length) std::memcpy(hello.body.data(), data, length);
+  self->hellos_.push_back(std::move(hello));  // answered from progress(), not in here
   return UCS_OK;
+}
+
+void Listener::drop(ucp_ep_h control) {
+  const auto it = std::find(accepted_.begin(), accepted_.end(), control);
+  if (it == accepted_.end()) return;
+  accepted_.erase(it);
+  std::erase_if(hellos_, [&](const Hello& h) { return h.ep == control; });
+  std::erase(lost_, control);
+  ucx::close_forced(worker_, control);
 }
 
 unsigned Listener::progress() {
   unsigned n = worker_.progress();
-  while (!replies_.empty()) {
-    ucp_ep_h ep = replies_.front();
-    replies_.pop_front();
+  while (!lost_.empty()) {
+    ucp_ep_h ep = lost_.front();
+    lost_.pop_front();
+    if (std::find(accepted_.begin(), accepted_.end(), ep) == accepted_.end()) continue;
+    if (hooks_.lost) hooks_.lost(ep);
+    drop(ep);
+    ++n;
+  }
+  while (!hellos_.empty()) {
+    Hello hello = std::move(hellos_.front());
+    hellos_.pop_front();
+    // The answer's bytes live with the send until UCX is done with them.
+    auto answer = std::make_unique<ucx::Bytes>(hooks_.answer(hello.body, hello.ep));
     ucp_request_param_t params{};
-    ucs_status_ptr_t request = ucp_am_send_nbx(ep, kWelcomeId, nullptr, 0, descriptor_.data(),
-                                               descriptor_.size(), &params);
-    if (request != nullptr && !UCS_PTR_IS_ERR(request)) sends_.push_back(request);
+    params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    params.flags = UCP_AM_SEND_FLAG_REPLY;
+    ucs_status_ptr_t request =
+        ucp_am_send_nbx(hello.ep, kWelcomeId, nullptr, 0, answer->data(), answer->size(), &params);
+    if (request != nullptr && !UCS_PTR_IS_ERR(request)) sends_.push_back({request, std::move(answer)});
     ++handshakes_;
     ++n;
   }
-  std::erase_if(sends_, [](ucs_status_ptr_t request) {
-    if (ucp_request_check_status(request) == UCS_INPROGRESS) return false;
-    ucp_request_free(request);
+  std::erase_if(sends_, [](const Send& send) {
+    if (ucp_request_check_status(send.request) == UCS_INPROGRESS) return false;
+    ucp_request_free(send.request);
     return true;
   });
   return n;
+}
+
+Result<Dialed> dial(const ucx::Worker& worker, const std::string& host, std::uint16_t port,
+                    const ucx::Bytes& hello, ucp_err_handler_cb_t on_error, void* arg) {
+  socklen_t len = 0;
+  Result<sockaddr_storage> addr = resolve(host, port, &len);
+  if (!addr) return make_error("dial " + host + ":" + std::to_string(port) + ": " + addr.error().message);
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+  params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&*addr);
+  params.sockaddr.addrlen = len;
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler.cb = on_error;
+  params.err_handler.arg = arg;
+  Dialed out;
+  if (ucs_status_t st = ucp_ep_create(worker.get(), &params, &out.ep); st != UCS_OK)
+    return make_error("dial " + host + ":" + std::to_string(port) + ": " + ucs_status_string(st));
+  ucp_request_param_t send{};
+  send.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  send.flags = UCP_AM_SEND_FLAG_REPLY;
+  out.send = ucp_am_send_nbx(out.ep, kHelloId, nullptr, 0, hello.data(), hello.size(), &send);
+  if (UCS_PTR_IS_ERR(out.send)) {
+    const ucs_status_t st = UCS_PTR_STATUS(out.send);
+    ucx::close_forced(worker, out.ep);
+    return ucx::status_error("ucp_am_send_nbx(hello)", st);
+  }
+  return out;
 }
 
 namespace {

@@ -39,7 +39,8 @@ Result<Context> Context::create(const ContextOptions& options) {
   }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_TAG;
+  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_TAG |
+                    (options.wakeup ? UCP_FEATURE_WAKEUP : 0);
   ucp_context_h context = nullptr;
   if (ucs_status_t st = ucp_init(&params, raw, &context); st != UCS_OK)
     return status_error("ucp_init", st);
@@ -54,6 +55,13 @@ Result<Worker> Worker::create(const Context& context) {
   if (ucs_status_t st = ucp_worker_create(context.get(), &params, &worker); st != UCS_OK)
     return status_error("ucp_worker_create", st);
   return Worker(worker);
+}
+
+Result<int> Worker::event_fd() const {
+  int fd = -1;
+  if (ucs_status_t st = ucp_worker_get_efd(get(), &fd); st != UCS_OK)
+    return status_error("ucp_worker_get_efd", st);
+  return fd;
 }
 
 Result<Bytes> Worker::address() const {
@@ -113,20 +121,21 @@ void Endpoint::on_error(void* arg, ucp_ep_h, ucs_status_t status) {
   state->status = status;
 }
 
-Result<Endpoint> Endpoint::connect(const Worker& worker, const Bytes& peer_address) {
+Result<Endpoint> Endpoint::connect(const Worker& worker, const Bytes& peer_address,
+                                   bool peer_error_handling) {
   if (peer_address.empty()) return make_error("connect: empty peer worker address");
   auto state = std::make_unique<State>();
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;
   params.address = reinterpret_cast<const ucp_address_t*>(peer_address.data());
-  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_mode = peer_error_handling ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
   params.err_handler.cb = &Endpoint::on_error;
   params.err_handler.arg = state.get();
   ucp_ep_h ep = nullptr;
   if (ucs_status_t st = ucp_ep_create(worker.get(), &params, &ep); st != UCS_OK)
     return status_error("ucp_ep_create", st);
-  return Endpoint(&worker, ep, std::move(state));
+  return Endpoint(&worker, ep, std::move(state), peer_error_handling);
 }
 
 void close_forced(const Worker& worker, ucp_ep_h ep) {
@@ -140,8 +149,10 @@ void close_forced(const Worker& worker, ucp_ep_h ep) {
 }
 
 Endpoint::~Endpoint() {
-  // Forced: every operation of ours completed (or was cancelled) before it returned.
-  if (handle_) close_forced(*worker_, handle_);
+  // Forced: every operation of ours completed (or was cancelled) before it returned. Without
+  // peer error handling UCX refuses a forced close; the worker's destruction reclaims the
+  // endpoint instead.
+  if (handle_ && peer_error_handling_) close_forced(*worker_, handle_);
 }
 
 Result<RemoteKey> RemoteKey::unpack(const Endpoint& endpoint, const Bytes& packed) {

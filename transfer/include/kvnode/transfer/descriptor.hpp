@@ -18,7 +18,15 @@ struct PeerDescriptor {
   std::uint64_t base = 0;      // the pool's first byte in the peer's address space
   std::uint64_t page_bytes = 0;
   std::uint32_t pages = 0;
+  std::string host;            // this boot of this machine: peers on the same host may use shm
+  std::uint64_t instance = 0;  // this process's incarnation, so a restarted peer is told apart
 };
+
+// A refusal sent in place of a descriptor; decode_descriptor reports it as an error.
+ucx::Bytes encode_refusal(const std::string& reason);
+
+// This machine's boot id (changes on reboot; shared by all processes of one boot).
+std::string host_identity();
 
 ucx::Bytes encode(const PeerDescriptor& descriptor);
 Result<PeerDescriptor> decode_descriptor(const ucx::Bytes& bytes);

@@ -27,7 +27,8 @@ Error status_error(const char* call, ucs_status_t status);
 struct ContextOptions {
   std::optional<std::string> tls;          // UCX_TLS for this context; unset: environment or UCX
   std::optional<std::string> net_devices;  // UCX_NET_DEVICES, e.g. "lo" to keep tcp on loopback
-  // Room to grow: features, estimated endpoint count, memory types.
+  bool wakeup = false;  // workers get an event fd (Worker::event_fd) to sleep on
+  // Room to grow: estimated endpoint count, memory types.
 };
 
 class Context {
@@ -48,6 +49,10 @@ class Worker {
   static Result<Worker> create(const Context& context);
   ucp_worker_h get() const { return handle_.get(); }
   unsigned progress() const { return ucp_worker_progress(handle_.get()); }
+  // Needs a context created with wakeup. The fd turns readable on events once arm() said true.
+  Result<int> event_fd() const;
+  // True when armed (safe to sleep on the fd); false when events are pending: progress first.
+  bool arm() const { return ucp_worker_arm(handle_.get()) == UCS_OK; }
   // The address peers need to reach this worker over shm, cma or RDMA (not only tcp).
   Result<Bytes> address() const;
   // Progresses until the request completes or the deadline passes (then cancels it and waits
@@ -89,29 +94,37 @@ class Registration {
 // for UCX's keepalive.
 void close_forced(const Worker& worker, ucp_ep_h ep);
 
-// A connection to one peer worker, with peer error handling so a dead peer fails operations
-// instead of hanging them. Closed (flushed, or forced after a failure) when destroyed.
+// A connection to one peer worker. With peer error handling (the default) a dead peer fails
+// operations instead of hanging them, and the endpoint is force-closed when destroyed. UCX 1.13
+// drops every shared-memory transport (sysv, posix, cma) from endpoints that ask for it, so
+// same-host sessions connect without it and rely on the plane's own liveness channel and
+// deadlines; such an endpoint is left to its worker's destruction (it cannot be force-closed).
 class Endpoint {
  public:
-  static Result<Endpoint> connect(const Worker& worker, const Bytes& peer_address);
+  static Result<Endpoint> connect(const Worker& worker, const Bytes& peer_address,
+                                  bool peer_error_handling = true);
   Endpoint(Endpoint&& o) noexcept
-      : worker_(o.worker_), handle_(std::exchange(o.handle_, nullptr)), state_(std::move(o.state_)) {}
+      : worker_(o.worker_), handle_(std::exchange(o.handle_, nullptr)), state_(std::move(o.state_)),
+        peer_error_handling_(o.peer_error_handling_) {}
   Endpoint& operator=(Endpoint&&) = delete;
   ~Endpoint();
   ucp_ep_h get() const { return handle_; }
   bool failed() const { return state_->failed; }
+  ucs_status_t failure() const { return state_->status; }
+  bool peer_error_handling() const { return peer_error_handling_; }
 
  private:
   struct State {
     bool failed = false;
     ucs_status_t status = UCS_OK;
   };
-  Endpoint(const Worker* w, ucp_ep_h h, std::unique_ptr<State> s)
-      : worker_(w), handle_(h), state_(std::move(s)) {}
+  Endpoint(const Worker* w, ucp_ep_h h, std::unique_ptr<State> s, bool peh)
+      : worker_(w), handle_(h), state_(std::move(s)), peer_error_handling_(peh) {}
   static void on_error(void* arg, ucp_ep_h ep, ucs_status_t status);
   const Worker* worker_ = nullptr;
   ucp_ep_h handle_ = nullptr;
   std::unique_ptr<State> state_;  // stable address for the error callback
+  bool peer_error_handling_ = true;
 };
 
 // A peer's rkey unpacked for one endpoint.

@@ -1,0 +1,383 @@
+// The transfer plane in one process: two planes over each transport and each protocol, a hostile
+// initiator speaking the plane's wire directly, a hostile listener handing out a bad rkey or a
+// foreign chunk size, cancellation and shutdown. Plus the pure parts: run coalescing, lane parsing.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "kvnode/transfer/descriptor.hpp"
+#include "kvnode/transfer/listener.hpp"
+#include "kvnode/transfer/plane.hpp"
+#include "lanes.hpp"
+#include "pattern.hpp"
+#include "runs.hpp"
+#include "support/must.hpp"
+#include "wire.hpp"
+
+namespace kvnode::transfer {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using test::must;
+
+gpu::ChunkPool make_pool(std::size_t page_bytes, std::size_t pages, std::uint32_t seed) {
+  gpu::PoolOptions o;
+  o.page_bytes = page_bytes;
+  o.pages = pages;
+  gpu::ChunkPool pool = must(gpu::ChunkPool::create(o));
+  for (gpu::PageId p = 0; p < pages; ++p) test::fill_pattern(pool.page(p), page_bytes, seed, p);
+  return pool;
+}
+
+// ---- Runs and lanes ---------------------------------------------------------------------------
+
+TEST(Runs, AdjacentPairsMergeWhateverTheOrder) {
+  const Plan plan = must(plan_runs({{5, 12}, {3, 10}, {4, 11}, {9, 2}, {20, 3}}, 32, 32, true));
+  ASSERT_EQ(plan.runs.size(), 3u);  // remote 2, 3 are not adjacent locally (9, 20)
+  EXPECT_EQ(plan.runs[0].local, 9u);
+  EXPECT_EQ(plan.runs[0].count, 1u);
+  EXPECT_EQ(plan.runs[2].count, 3u);
+  const Plan merged = must(plan_runs({{5, 12}, {3, 10}, {4, 11}}, 32, 32, true));
+  ASSERT_EQ(merged.runs.size(), 1u);
+  EXPECT_EQ(merged.runs[0].local, 3u);
+  EXPECT_EQ(merged.runs[0].remote, 10u);
+  EXPECT_EQ(merged.runs[0].count, 3u);
+  EXPECT_EQ(merged.chunk_order, (std::vector<std::uint32_t>{1, 2, 0}));
+}
+
+TEST(Runs, RefusesBadRequestsByName) {
+  auto error_of = [](const std::vector<PageCopy>& p, bool pull) {
+    const auto r = plan_runs(p, 8, 4, pull);
+    return r ? std::string("accepted") : r.error().message;
+  };
+  EXPECT_EQ(error_of({}, true), "no pages to move");
+  EXPECT_NE(error_of({{8, 0}}, true).find("local page 8 is outside"), std::string::npos);
+  EXPECT_NE(error_of({{0, 4}}, true).find("remote page 4 is outside the peer's pool of 4"),
+            std::string::npos);
+  EXPECT_NE(error_of({{1, 0}, {1, 2}}, true).find("local page 1 is written twice"), std::string::npos);
+  EXPECT_NE(error_of({{1, 0}, {2, 0}}, false).find("remote page 0 is written twice"), std::string::npos);
+  EXPECT_EQ(error_of({{1, 0}, {2, 0}}, true), "accepted");  // reading one page twice is fine
+}
+
+TEST(Lanes, ReadsTheTransportsUcxChose) {
+  const EndpointLanes shm = parse_lanes(
+      "#                 lane[0]:  3:sysv/memory.0 md[2]           -> md[2]/sysv/sysdev[255] am am_bw#0\n"
+      "#                 lane[1]:  4:posix/memory.0 md[3]          -> md[3]/posix/sysdev[255]\n"
+      "#                 lane[2]:  5:cma/memory.0 md[4]            -> md[4]/cma/sysdev[255] rma_bw#0\n");
+  EXPECT_EQ(shm.am_bw, "sysv");
+  EXPECT_EQ(shm.rma_bw, "cma");
+  EXPECT_TRUE(rma_is_native(shm));
+  const EndpointLanes tcp = parse_lanes(
+      "#                 lane[0]:  2:tcp/lo.0 md[1]                -> md[1]/tcp/sysdev[255] am am_bw#0 keepalive wireup\n"
+      "#                  rma_bw: mds rndv_rkey_size 9\n");
+  EXPECT_EQ(tcp.am_bw, "tcp");
+  EXPECT_EQ(tcp.rma_bw, "");
+  EXPECT_FALSE(rma_is_native(tcp));
+  EXPECT_EQ(parse_lanes("garbage\nlane[: nothing").am_bw, "");
+}
+
+TEST(Lanes, APackedRkeyMustHoldWhatItsHeaderAnnounces) {
+  auto bytes = [](std::initializer_list<int> v) {
+    ucx::Bytes b;
+    for (int x : v) b.push_back(static_cast<std::byte>(x));
+    return b;
+  };
+  EXPECT_FALSE(check_packed_rkey(bytes({1, 2})));
+  // md map with two bits, one record of 2 bytes, then nothing: the second record is missing.
+  EXPECT_FALSE(check_packed_rkey(bytes({3, 0, 0, 0, 0, 0, 0, 0, 0, 2, 7, 7})));
+  EXPECT_FALSE(check_packed_rkey(bytes({1, 0, 0, 0, 0, 0, 0, 0, 0, 200, 1})));  // runs past the end
+  EXPECT_TRUE(check_packed_rkey(bytes({1, 0, 0, 0, 0, 0, 0, 0, 0, 2, 7, 7})));
+  const ucx::Context ctx = must(ucx::Context::create());
+  std::vector<std::byte> buffer(4096);
+  const ucx::Registration reg = must(ucx::Registration::map(ctx, buffer.data(), buffer.size()));
+  EXPECT_TRUE(check_packed_rkey(must(reg.packed_rkey())));  // what UCX really packs
+}
+
+// ---- Two planes in one process ----------------------------------------------------------------
+
+struct Setup {
+  const char* name;
+  const char* tls;  // nullptr: UCX's default (shared memory within a host)
+  Protocol protocol;
+};
+
+class TwoPlanes : public ::testing::TestWithParam<Setup> {
+ protected:
+  PlaneOptions options() const {
+    PlaneOptions o;
+    if (GetParam().tls) {
+      o.tls = GetParam().tls;
+      o.net_devices = "lo";
+    }
+    o.protocol = GetParam().protocol;
+    return o;
+  }
+};
+
+TEST_P(TwoPlanes, PullPushAndTheWriteNotice) {
+  constexpr std::size_t kPageBytes = 128 << 10;
+  gpu::ChunkPool a_pool = make_pool(kPageBytes, 16, 1);
+  gpu::ChunkPool b_pool = make_pool(kPageBytes, 16, 2);
+  std::mutex mutex;
+  std::vector<gpu::PageId> written;
+  std::string writer;
+  PlaneOptions b_options = options();
+  b_options.on_written = [&](const std::string& peer, const std::vector<gpu::PageId>& pages) {
+    std::lock_guard lock(mutex);
+    writer = peer;
+    written.insert(written.end(), pages.begin(), pages.end());
+  };
+  auto a = must(TransferPlane::start(options(), a_pool));
+  auto b = must(TransferPlane::start(b_options, b_pool));
+
+  std::memset(a_pool.region().data(), 0xEE, a_pool.region().size());
+  const std::vector<PageCopy> pull = {{0, 5}, {1, 6}, {2, 7}, {9, 1}};
+  const TransferResult r = a->pull(b->url(), pull).get();
+  ASSERT_TRUE(r.ok()) << to_string(r.failure) << ": " << r.message;
+  EXPECT_EQ(r.stats.protocol, GetParam().protocol);
+  EXPECT_EQ(r.stats.ops, GetParam().protocol == Protocol::kRma ? 2u : 1u);  // 2 runs; AM: 1 request
+  for (const PageCopy& p : pull)
+    EXPECT_EQ(test::check_pattern(a_pool.page(p.local), kPageBytes, 2, p.remote), kPageBytes);
+
+  for (gpu::PageId p = 0; p < 4; ++p) test::fill_pattern(a_pool.page(p), kPageBytes, 77, p);
+  const TransferResult w = a->push(b->url(), {{0, 12}, {1, 13}, {2, 3}, {3, 0}}).get();
+  ASSERT_TRUE(w.ok()) << to_string(w.failure) << ": " << w.message;
+  // Done means in place: B's pool holds the bytes now, not eventually.
+  EXPECT_EQ(test::check_pattern(b_pool.page(12), kPageBytes, 77, 0), kPageBytes);
+  EXPECT_EQ(test::check_pattern(b_pool.page(13), kPageBytes, 77, 1), kPageBytes);
+  EXPECT_EQ(test::check_pattern(b_pool.page(3), kPageBytes, 77, 2), kPageBytes);
+  EXPECT_EQ(test::check_pattern(b_pool.page(0), kPageBytes, 77, 3), kPageBytes);
+  // B hears which pages were written, by whom (the notice may trail the ack by a moment).
+  for (auto until = Clock::now() + 5s; Clock::now() < until; std::this_thread::sleep_for(1ms)) {
+    std::lock_guard lock(mutex);
+    if (written.size() >= 4) break;
+  }
+  std::lock_guard lock(mutex);
+  EXPECT_EQ(std::set<gpu::PageId>(written.begin(), written.end()), (std::set<gpu::PageId>{0, 3, 12, 13}));
+  EXPECT_EQ(writer, a->url());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Matrix, TwoPlanes,
+    ::testing::Values(Setup{"tcp_am", "tcp", Protocol::kActiveMessage},
+                      Setup{"tcp_rma", "tcp", Protocol::kRma},
+                      Setup{"shm_am", nullptr, Protocol::kActiveMessage},
+                      Setup{"shm_rma", nullptr, Protocol::kRma}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// ---- Hostile peers ----------------------------------------------------------------------------
+
+ucx::ContextOptions loopback_tcp() {
+  ucx::ContextOptions o;
+  o.tls = "tcp";
+  o.net_devices = "lo";
+  return o;
+}
+
+PlaneOptions plane_over_tcp() {
+  PlaneOptions o;
+  o.tls = "tcp";
+  o.net_devices = "lo";
+  return o;
+}
+
+struct Answer {
+  bool received = false;
+  wire::RunHeader header;
+  std::size_t length = 0;
+  std::string text;
+};
+
+ucs_status_t record_answer(void* arg, const void* header, std::size_t header_length, void* data,
+                           std::size_t length, const ucp_am_recv_param_t* p) {
+  auto* a = static_cast<Answer*>(arg);
+  if (auto h = wire::read<wire::RunHeader>(header, header_length)) a->header = *h;
+  if (header_length == 0) a->header = {};
+  a->length = length;
+  if (!(p->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) && length < 4096)
+    a->text.assign(static_cast<const char*>(data), length);
+  a->received = true;
+  return UCS_OK;  // a rendezvous is dropped: the length is what the test checks
+}
+
+void set_handler(const ucx::Worker& w, unsigned id, Answer* answer) {
+  ucp_am_handler_param_t param{};
+  param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                     UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  param.id = id;
+  param.cb = &record_answer;
+  param.arg = answer;
+  ASSERT_EQ(ucp_worker_set_am_recv_handler(w.get(), &param), UCS_OK);
+}
+
+TEST(HostilePeer, RequestsOutsideThePoolAreRejectedAndAnswered) {
+  constexpr std::size_t kPageBytes = 64 << 10;
+  gpu::ChunkPool pool = make_pool(kPageBytes, 8, 3);
+  auto plane = must(TransferPlane::start(plane_over_tcp(), pool));
+  const auto port = static_cast<std::uint16_t>(std::stoi(plane->url().substr(plane->url().rfind(':') + 1)));
+
+  // A client speaking the plane's wire by hand.
+  const ucx::Context ctx = must(ucx::Context::create(loopback_tcp()));
+  const ucx::Worker worker = must(ucx::Worker::create(ctx));
+  std::vector<std::byte> mine(kPageBytes);
+  const ucx::Registration reg = must(ucx::Registration::map(ctx, mine.data(), mine.size()));
+  PeerDescriptor hello;
+  hello.node = "hostile";
+  hello.worker_address = must(worker.address());
+  hello.rkey = must(reg.packed_rkey());
+  hello.base = reinterpret_cast<std::uint64_t>(mine.data());
+  hello.page_bytes = kPageBytes;
+  hello.pages = 1;
+  // Dial by hand and keep the control endpoint open: the plane ends a session whose control
+  // endpoint goes away.
+  Answer welcome;
+  set_handler(worker, kWelcomeAmId, &welcome);
+  const ucx::Bytes hello_bytes = encode(hello);
+  const Dialed dialed = must(dial(worker, "127.0.0.1", port, hello_bytes,
+                                  [](void*, ucp_ep_h, ucs_status_t) {}, nullptr));
+  for (auto until = Clock::now() + 10s; !welcome.received && Clock::now() < until;) worker.progress();
+  ASSERT_TRUE(welcome.received);
+  if (dialed.send && !UCS_PTR_IS_ERR(dialed.send)) ucp_request_free(dialed.send);
+  ucx::Bytes welcome_bytes(welcome.text.size());
+  std::memcpy(welcome_bytes.data(), welcome.text.data(), welcome.text.size());
+  const PeerDescriptor server = must(decode_descriptor(welcome_bytes));
+  const ucx::Endpoint ep = must(ucx::Endpoint::connect(worker, server.worker_address));
+  struct CloseControl {
+    const ucx::Worker& w;
+    ucp_ep_h ep;
+    ~CloseControl() { ucx::close_forced(w, ep); }
+  } close_control{worker, dialed.ep};
+  Answer reject, ack, data;
+  set_handler(worker, wire::kPullReject, &reject);
+  set_handler(worker, wire::kPushAck, &ack);
+  set_handler(worker, wire::kPullData, &data);
+  auto send = [&](unsigned id, const void* header, std::size_t hl, const void* body, std::size_t bl) {
+    ucp_request_param_t param{};
+    const Status sent = worker.wait(ucp_am_send_nbx(ep.get(), id, header, hl, body, bl, &param),
+                                    Clock::now() + 10s, "send");
+    ASSERT_TRUE(sent) << "am " << id << ": " << sent.error().message;
+  };
+  auto wait_for = [&](Answer& a) {
+    for (auto until = Clock::now() + 10s; !a.received && Clock::now() < until;) worker.progress();
+    return a.received;
+  };
+
+  const wire::PullRequest request{42, 1};
+  const wire::RunRequest outside{0, 7, 2};  // pages 7 and 8 of an 8-page pool
+  send(wire::kPullRequest, &request, sizeof(request), &outside, sizeof(outside));
+  ASSERT_TRUE(wait_for(reject));
+  EXPECT_EQ(reject.header.transfer, 42u);
+  EXPECT_EQ(reject.header.code, wire::kOutOfPool);
+  EXPECT_NE(reject.text.find("outside this pool of 8"), std::string::npos) << reject.text;
+
+  const wire::PushHeader push{43, {0, 100, 1}};
+  send(wire::kPushData, &push, sizeof(push), mine.data(), kPageBytes);
+  ASSERT_TRUE(wait_for(ack));
+  EXPECT_EQ(ack.header.transfer, 43u);
+  EXPECT_EQ(ack.header.code, wire::kOutOfPool);
+  const wire::PushHeader short_push{44, {0, 1, 1}};  // in the pool, but half a page of bytes
+  ack = {};
+  send(wire::kPushData, &short_push, sizeof(short_push), mine.data(), kPageBytes / 2);
+  ASSERT_TRUE(wait_for(ack));
+  EXPECT_EQ(ack.header.code, wire::kBadLength);
+  EXPECT_EQ(test::check_pattern(pool.page(1), kPageBytes, 3, 1), kPageBytes) << "page 1 was touched";
+
+  send(wire::kPullRequest, &request, 3, nullptr, 0);  // a truncated header: dropped, counted
+  const wire::RunRequest inside{0, 2, 1};
+  send(wire::kPullRequest, &request, sizeof(request), &inside, sizeof(inside));
+  ASSERT_TRUE(wait_for(data));  // the plane still serves
+  EXPECT_EQ(data.length, kPageBytes);
+  EXPECT_GE(plane->counters().requests_rejected, 4u);
+}
+
+// A listener that answers every hello with a fixed descriptor, progressed by its own thread.
+class FakePeer {
+ public:
+  explicit FakePeer(const std::function<PeerDescriptor(const ucx::Worker&)>& describe, bool serve = true)
+      : ctx_(must(ucx::Context::create(loopback_tcp()))), worker_(must(ucx::Worker::create(ctx_))) {
+    listener_ = must(Listener::bind(worker_, "127.0.0.1", 0, encode(describe(worker_))));
+    if (serve)
+      thread_ = std::thread([this] {
+        while (!stop_) listener_->progress();
+      });
+  }
+  ~FakePeer() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  std::string url() const { return "127.0.0.1:" + std::to_string(listener_->port()); }
+
+ private:
+  ucx::Context ctx_;
+  ucx::Worker worker_;
+  std::unique_ptr<Listener> listener_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+TEST(HostilePeer, ABadRkeyOrAForeignChunkSizeRefusesTheSession) {
+  gpu::ChunkPool pool = make_pool(4096, 4, 1);
+  auto plane = must(TransferPlane::start(plane_over_tcp(), pool));
+  auto describe = [](std::size_t page_bytes, ucx::Bytes rkey) {
+    return [=](const ucx::Worker& w) {
+      PeerDescriptor d;
+      d.node = "fake";
+      d.worker_address = must(w.address());
+      d.rkey = rkey;
+      d.base = 1 << 20;
+      d.page_bytes = page_bytes;
+      d.pages = 4;
+      return d;
+    };
+  };
+  ucx::Bytes garbage(10, std::byte{0xff});  // announces 64 memory domains, holds none
+  FakePeer bad_rkey(describe(4096, garbage));
+  TransferResult r = plane->pull(bad_rkey.url(), {{0, 0}}).get();
+  EXPECT_EQ(r.failure, Failure::kConnect);
+  EXPECT_NE(r.message.find("rkey"), std::string::npos) << r.message;
+
+  FakePeer foreign(describe(8192, garbage));
+  r = plane->pull(foreign.url(), {{0, 0}}).get();
+  EXPECT_EQ(r.failure, Failure::kConnect);
+  EXPECT_NE(r.message.find("not the same chunk size"), std::string::npos) << r.message;
+
+  r = plane->pull("127.0.0.1", {{0, 0}}).get();
+  EXPECT_EQ(r.failure, Failure::kInvalid);
+  EXPECT_NE(r.message.find("expected host:port"), std::string::npos) << r.message;
+}
+
+TEST(Plane, CancelAndShutdownEndEveryTransfer) {
+  gpu::ChunkPool pool = make_pool(4096, 4, 1);
+  auto plane = must(TransferPlane::start(plane_over_tcp(), pool));
+  // A listener nobody progresses: the hello is never answered.
+  FakePeer silent([](const ucx::Worker& w) {
+    PeerDescriptor d;
+    d.worker_address = must(w.address());
+    d.rkey = {std::byte{1}};
+    d.page_bytes = 4096;
+    d.pages = 1;
+    return d;
+  }, /*serve=*/false);
+  std::promise<TransferResult> first;
+  const TransferId id = plane->pull(silent.url(), {{0, 0}},
+                                    [&](TransferResult r) { first.set_value(std::move(r)); });
+  std::this_thread::sleep_for(50ms);
+  const auto t0 = Clock::now();
+  plane->cancel(id);
+  TransferResult r = first.get_future().get();
+  EXPECT_EQ(r.failure, Failure::kCancelled) << r.message;
+  EXPECT_LT(Clock::now() - t0, 1s);
+
+  auto pending = plane->pull(silent.url(), {{1, 0}});
+  std::this_thread::sleep_for(50ms);
+  plane.reset();
+  r = pending.get();
+  EXPECT_EQ(r.failure, Failure::kCancelled) << r.message;
+}
+
+}  // namespace
+}  // namespace kvnode::transfer

@@ -1,0 +1,146 @@
+// The transfer plane: one per node. It listens at the node's peer_init_url, serves its chunk
+// pool to peers and moves chunks to and from theirs. Callers name a peer by its url and give page
+// pairs; the plane connects (and reconnects) on demand, coalesces adjacent pages, picks one-sided
+// RMA where the transport does it natively and active messages where UCX would emulate it, and
+// reports each transfer once, with per-chunk results and telemetry.
+//
+// Threading: every UCX call happens on the plane's own progress thread. pull()/push()/cancel()
+// are thread-safe and never block on the network; completion callbacks run on the progress
+// thread and must not block (hand work off, or use the future overloads).
+//
+// Failure model (docs/architecture.md, "Transfer plane"): a chunk is reported done only after
+// its bytes are in the destination's memory. A transfer that misses its deadline, is cancelled,
+// or whose peer dies resets that peer's session: every transfer in flight on it fails with the
+// chunks already done marked so, and the next transfer reconnects.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kvnode/common/result.hpp"
+#include "kvnode/gpu/chunk_pool.hpp"
+
+namespace kvnode::transfer {
+
+enum class Protocol { kAuto, kRma, kActiveMessage };
+const char* to_string(Protocol p);
+Result<Protocol> parse_protocol(const std::string& text);  // "auto", "rma", "am"
+
+// A restarted node wants its port back while old connections sit in TIME_WAIT; UCX 1.13 reads
+// that setting (UCX_TCP_CM_REUSEADDR) only from the environment, so a binary's main() calls this
+// before anything starts threads. Leaves an operator's explicit setting alone.
+void prefer_port_reuse();
+
+struct PlaneOptions {
+  std::string host = "127.0.0.1";  // where the listener binds (the peer_init_url host)
+  std::uint16_t port = 0;          // 0: a free port, see TransferPlane::url()
+  std::optional<std::string> tls;          // UCX_TLS; unset: the environment, else UCX's choice
+  std::optional<std::string> net_devices;  // UCX_NET_DEVICES, e.g. "mlx5_0:1" or "lo"
+  Protocol protocol = Protocol::kAuto;
+  std::chrono::milliseconds default_deadline{10'000};
+  // How long the progress thread busy-polls after the last event before sleeping on UCX's
+  // wake-up fd: latency against idle CPU.
+  std::chrono::microseconds spin{200};
+  // Called on the progress thread after a peer wrote pages of our pool (push), once the bytes
+  // are in place. The node marks chunks present from here, never earlier.
+  std::function<void(const std::string& peer, const std::vector<gpu::PageId>& pages)> on_written;
+};
+
+struct PageCopy {
+  gpu::PageId local = 0;
+  gpu::PageId remote = 0;
+};
+
+enum class Failure {
+  kNone,
+  kInvalid,    // the request itself is wrong (page outside a pool, a page written twice)
+  kConnect,    // the peer could not be reached or its handshake was refused
+  kRejected,   // the peer refused part of the request (and logged why)
+  kPeerLost,   // the peer died or the connection broke
+  kTimeout,    // the deadline passed
+  kCancelled,  // cancel(), or the plane stopped
+  kReset,      // another transfer's failure reset this peer's session; safe to retry
+};
+const char* to_string(Failure f);
+
+struct TransferStats {
+  std::uint64_t bytes = 0;  // moved, counting only chunks done
+  std::uint32_t chunks = 0;
+  std::uint32_t ops = 0;    // UCX operations posted after coalescing
+  std::chrono::nanoseconds queued{0};    // submit -> posted (includes connecting)
+  std::chrono::nanoseconds post{0};      // time spent posting
+  std::chrono::nanoseconds complete{0};  // submit -> reported
+  Protocol protocol = Protocol::kAuto;   // the one used
+  std::string transport;                 // e.g. "cma", "tcp", "rc_mlx5"
+};
+
+struct TransferResult {
+  Failure failure = Failure::kNone;
+  std::string message;             // empty on success
+  std::vector<std::uint8_t> done;  // per requested chunk, in request order: 1 once in place
+  TransferStats stats;
+  bool ok() const { return failure == Failure::kNone; }
+};
+
+struct TransferOptions {
+  std::optional<std::chrono::milliseconds> deadline;  // default: PlaneOptions::default_deadline
+};
+
+// Totals since start, for the node's metrics.
+struct PlaneCounters {
+  std::uint64_t transfers_ok = 0;
+  std::uint64_t transfers_failed = 0;
+  std::uint64_t bytes_pulled = 0;
+  std::uint64_t bytes_pushed = 0;
+  std::uint64_t bytes_served = 0;   // read from or written to our pool by peers (AM path)
+  std::uint64_t sessions_opened = 0;
+  std::uint64_t sessions_reset = 0;
+  std::uint64_t requests_rejected = 0;  // peers' requests refused (bad pages, bad lengths)
+  std::uint64_t failures[8] = {};       // by Failure
+};
+
+using TransferId = std::uint64_t;
+
+class TransferPlane {
+ public:
+  using Callback = std::function<void(TransferResult)>;
+
+  // Registers the pool once, binds the listener, starts the progress thread.
+  static Result<std::unique_ptr<TransferPlane>> start(const PlaneOptions& options,
+                                                      const gpu::ChunkPool& pool);
+  // Fails what is still in flight with kCancelled, closes sessions, joins the thread.
+  ~TransferPlane();
+  TransferPlane(const TransferPlane&) = delete;
+  TransferPlane& operator=(const TransferPlane&) = delete;
+
+  std::string url() const;  // host:port where peers reach this plane
+
+  // Reads remote pages of `peer` into local pages.
+  TransferId pull(const std::string& peer, std::vector<PageCopy> pages, Callback done,
+                  TransferOptions options = {});
+  // Writes local pages into remote pages of `peer`; done means the bytes are in the peer's pool.
+  TransferId push(const std::string& peer, std::vector<PageCopy> pages, Callback done,
+                  TransferOptions options = {});
+  std::future<TransferResult> pull(const std::string& peer, std::vector<PageCopy> pages,
+                                   TransferOptions options = {});
+  std::future<TransferResult> push(const std::string& peer, std::vector<PageCopy> pages,
+                                   TransferOptions options = {});
+  // Fails the transfer with kCancelled (and resets its session) unless it already ended.
+  void cancel(TransferId id);
+
+  PlaneCounters counters() const;
+
+  class Impl;
+
+ private:
+  explicit TransferPlane(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvnode::transfer

@@ -1,0 +1,647 @@
+// The plane's progress thread: it owns every UCX object (context, listener worker, sessions),
+// takes commands from callers through a queue and an eventfd, progresses, reports transfers,
+// enforces deadlines, and sleeps on the workers' event fds when there is nothing to do.
+#include "kvnode/transfer/plane.hpp"
+
+#include <spdlog/spdlog.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <unordered_map>
+
+#include "kvnode/transfer/descriptor.hpp"
+#include "kvnode/transfer/listener.hpp"
+#include "session.hpp"
+
+namespace kvnode::transfer {
+
+const char* to_string(Protocol p) {
+  switch (p) {
+    case Protocol::kAuto: return "auto";
+    case Protocol::kRma: return "rma";
+    case Protocol::kActiveMessage: return "am";
+  }
+  return "?";
+}
+
+Result<Protocol> parse_protocol(const std::string& text) {
+  if (text == "auto") return Protocol::kAuto;
+  if (text == "rma") return Protocol::kRma;
+  if (text == "am") return Protocol::kActiveMessage;
+  return make_error("protocol '" + text + "': expected auto, rma or am");
+}
+
+const char* to_string(Failure f) {
+  switch (f) {
+    case Failure::kNone: return "ok";
+    case Failure::kInvalid: return "invalid";
+    case Failure::kConnect: return "connect";
+    case Failure::kRejected: return "rejected";
+    case Failure::kPeerLost: return "peer_lost";
+    case Failure::kTimeout: return "timeout";
+    case Failure::kCancelled: return "cancelled";
+    case Failure::kReset: return "reset";
+  }
+  return "?";
+}
+
+void prefer_port_reuse() { setenv("UCX_TCP_CM_REUSEADDR", "y", /*overwrite=*/0); }
+
+namespace {
+
+// An owned file descriptor.
+class Fd {
+ public:
+  explicit Fd(int fd = -1) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  Fd& operator=(Fd&& o) noexcept {
+    std::swap(fd_, o.fd_);
+    return *this;
+  }
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+Result<std::pair<std::string, std::uint16_t>> split_url(const std::string& url) {
+  const auto colon = url.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == url.size())
+    return make_error("peer '" + url + "': expected host:port");
+  const std::string port_text = url.substr(colon + 1);
+  if (port_text.size() > 5 || port_text.find_first_not_of("0123456789") != std::string::npos)
+    return make_error("peer '" + url + "': bad port");
+  const unsigned long port = std::stoul(port_text);
+  if (port == 0 || port > 65535) return make_error("peer '" + url + "': port out of range");
+  std::string host = url.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return std::make_pair(host, static_cast<std::uint16_t>(port));
+}
+
+}  // namespace
+
+class TransferPlane::Impl {
+ public:
+  Impl(const PlaneOptions& options, const gpu::ChunkPool& pool) : options_(options) {
+    pool_.base = pool.region().data();
+    pool_.page_bytes = pool.page_bytes();
+    pool_.pages = static_cast<std::uint32_t>(pool.page_count());
+    memory_kind_ = pool.region().kind();
+  }
+  ~Impl() { stop(); }
+
+  Status init();
+  void stop();
+  std::string url() const { return url_; }
+  TransferId submit(bool pull, const std::string& peer, std::vector<PageCopy> pages, Callback cb,
+                    TransferOptions options);
+  void cancel(TransferId id);
+  PlaneCounters counters() const {
+    std::lock_guard lock(counters_mutex_);
+    return counters_;
+  }
+
+ private:
+  struct Command {
+    enum Kind { kSubmit, kCancel } kind;
+    std::unique_ptr<Xfer> xfer;
+    TransferId id = 0;
+  };
+
+  void run();
+  unsigned drain_commands();
+  void start(std::unique_ptr<Xfer> x);
+  unsigned check_dials();
+  Status dial_peer(Session& s);
+  static constexpr int kMaxDials = 3;
+  static constexpr auto kRedialPause = std::chrono::milliseconds(20);
+  unsigned progress_sessions();
+  void expire(Clock::time_point now);
+  void reset(Session& s, Failure failure, TransferId culprit, const std::string& why);
+  void report(std::unique_ptr<Xfer> x);
+  void sleep();
+  void watch(int fd, bool add);
+  ucx::Bytes answer(const ucx::Bytes& hello, ucp_ep_h control);
+  void lost(ucp_ep_h control);
+  static ucs_status_t on_welcome(void* arg, const void* header, std::size_t header_length,
+                                 void* data, std::size_t length, const ucp_am_recv_param_t* p);
+  static void on_control_error(void* arg, ucp_ep_h ep, ucs_status_t status);
+
+  PlaneOptions options_;
+  PoolView pool_;
+  gpu::MemoryKind memory_kind_ = gpu::MemoryKind::kHost;
+  PeerDescriptor pool_descriptor_;  // ours; each session adds its worker address
+  std::string url_;
+
+  // Acquired in this order, released in reverse (sessions go first, on the thread).
+  std::optional<ucx::Context> context_;
+  std::optional<ucx::Registration> registration_;
+  std::optional<ucx::Worker> worker_;
+  std::unique_ptr<Listener> listener_;
+  Fd epoll_;
+  Fd wake_;
+
+  std::map<std::string, std::unique_ptr<Session>> initiators_;  // by peer url
+  std::map<ucp_ep_h, std::unique_ptr<Session>> acceptors_;      // by control endpoint
+  std::unordered_map<TransferId, std::string> where_;           // transfer -> peer url
+
+  std::mutex commands_mutex_;
+  std::deque<Command> commands_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<TransferId> next_id_{1};
+  mutable std::mutex counters_mutex_;
+  PlaneCounters counters_;
+  Clock::time_point last_event_ = Clock::now();
+  std::thread thread_;
+};
+
+// ---- Start and stop ---------------------------------------------------------------------------
+
+Status TransferPlane::Impl::init() {
+  if (memory_kind_ == gpu::MemoryKind::kDevice)
+    return make_error("transfer plane: device-memory pools need UCX built with CUDA or the "
+                      "pinned staging ring, neither of which this build has; use pinned or host");
+  ucx::ContextOptions co;
+  co.tls = options_.tls;
+  co.net_devices = options_.net_devices;
+  co.wakeup = true;
+  Result<ucx::Context> context = ucx::Context::create(co);
+  if (!context) return context.error();
+  context_.emplace(std::move(context).value());
+  const auto t0 = Clock::now();
+  Result<ucx::Registration> reg = ucx::Registration::map(*context_, pool_.base,
+                                                         pool_.page_bytes * pool_.pages);
+  if (!reg) return reg.error();
+  registration_.emplace(std::move(reg).value());
+  spdlog::info("transfer plane: registered {} pages of {} bytes in {} ms", pool_.pages,
+               pool_.page_bytes,
+               std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count());
+  Result<ucx::Worker> worker = ucx::Worker::create(*context_);
+  if (!worker) return worker.error();
+  worker_.emplace(std::move(worker).value());
+
+  Result<ucx::Bytes> rkey = registration_->packed_rkey();
+  if (!rkey) return rkey.error();
+  pool_descriptor_.rkey = std::move(rkey).value();
+  pool_descriptor_.base = reinterpret_cast<std::uint64_t>(pool_.base);
+  pool_descriptor_.page_bytes = pool_.page_bytes;
+  pool_descriptor_.pages = pool_.pages;
+  pool_descriptor_.host = host_identity();
+  pool_descriptor_.instance = std::random_device{}() | (std::uint64_t{std::random_device{}()} << 32);
+
+  ucp_am_handler_param_t param{};
+  param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                     UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  param.id = kWelcomeAmId;
+  param.cb = &Impl::on_welcome;
+  param.arg = this;
+  if (ucs_status_t st = ucp_worker_set_am_recv_handler(worker_->get(), &param); st != UCS_OK)
+    return ucx::status_error("ucp_worker_set_am_recv_handler", st);
+
+  ListenerHooks hooks;
+  hooks.answer = [this](const ucx::Bytes& hello, ucp_ep_h control) { return answer(hello, control); };
+  hooks.lost = [this](ucp_ep_h control) { lost(control); };
+  Result<std::unique_ptr<Listener>> listener =
+      Listener::bind(*worker_, options_.host, options_.port, std::move(hooks));
+  if (!listener) return listener.error();
+  listener_ = std::move(listener).value();
+  url_ = (options_.host.find(':') != std::string::npos ? "[" + options_.host + "]" : options_.host) +
+         ":" + std::to_string(listener_->port());
+  pool_descriptor_.node = url_;
+
+  epoll_ = Fd(epoll_create1(EPOLL_CLOEXEC));
+  wake_ = Fd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (epoll_.get() < 0 || wake_.get() < 0)
+    return make_error(std::string("transfer plane: epoll/eventfd: ") + std::strerror(errno));
+  watch(wake_.get(), true);
+  Result<int> efd = worker_->event_fd();
+  if (!efd) return efd.error();
+  watch(*efd, true);
+  thread_ = std::thread([this] { run(); });
+  return {};
+}
+
+void TransferPlane::Impl::stop() {
+  if (!thread_.joinable()) return;
+  stopping_ = true;
+  const std::uint64_t one = 1;
+  (void)::write(wake_.get(), &one, sizeof(one));
+  thread_.join();
+}
+
+void TransferPlane::Impl::watch(int fd, bool add) {
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = fd;
+  (void)epoll_ctl(epoll_.get(), add ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, fd, &ev);
+}
+
+// ---- Caller side ------------------------------------------------------------------------------
+
+TransferId TransferPlane::Impl::submit(bool pull, const std::string& peer,
+                                       std::vector<PageCopy> pages, Callback cb,
+                                       TransferOptions options) {
+  auto x = std::make_unique<Xfer>();
+  x->id = next_id_++;
+  x->pull = pull;
+  x->peer = peer;
+  x->pages = std::move(pages);
+  x->callback = std::move(cb);
+  x->submitted = Clock::now();
+  x->deadline = x->submitted + options.deadline.value_or(options_.default_deadline);
+  const TransferId id = x->id;
+  {
+    std::lock_guard lock(commands_mutex_);
+    commands_.push_back(Command{Command::kSubmit, std::move(x), id});
+  }
+  const std::uint64_t one = 1;
+  (void)::write(wake_.get(), &one, sizeof(one));
+  return id;
+}
+
+void TransferPlane::Impl::cancel(TransferId id) {
+  {
+    std::lock_guard lock(commands_mutex_);
+    commands_.push_back(Command{Command::kCancel, nullptr, id});
+  }
+  const std::uint64_t one = 1;
+  (void)::write(wake_.get(), &one, sizeof(one));
+}
+
+// ---- The progress thread ----------------------------------------------------------------------
+
+void TransferPlane::Impl::run() {
+  while (!stopping_) {
+    unsigned n = drain_commands();
+    n += listener_->progress();
+    n += check_dials();
+    n += progress_sessions();
+    const auto now = Clock::now();
+    expire(now);
+    if (n)
+      last_event_ = now;
+    else if (now - last_event_ > options_.spin)
+      sleep();
+  }
+  // Shutdown: nothing in flight survives the plane.
+  drain_commands();
+  while (!initiators_.empty()) reset(*initiators_.begin()->second, Failure::kCancelled, 0, "the transfer plane stopped");
+  while (!acceptors_.empty()) reset(*acceptors_.begin()->second, Failure::kCancelled, 0, "the transfer plane stopped");
+}
+
+unsigned TransferPlane::Impl::drain_commands() {
+  std::deque<Command> commands;
+  {
+    std::lock_guard lock(commands_mutex_);
+    commands.swap(commands_);
+  }
+  for (Command& c : commands) {
+    if (c.kind == Command::kSubmit) {
+      if (stopping_) {
+        c.xfer->fail_all(Failure::kCancelled, "the transfer plane stopped");
+        report(std::move(c.xfer));
+      } else {
+        start(std::move(c.xfer));
+      }
+      continue;
+    }
+    const auto it = where_.find(c.id);
+    if (it == where_.end()) continue;  // already reported
+    const auto s = initiators_.find(it->second);
+    if (s != initiators_.end() && s->second->has(c.id))
+      reset(*s->second, Failure::kCancelled, c.id, "cancelled");
+    else if (s != initiators_.end())
+      reset(*s->second, Failure::kCancelled, c.id, "cancelled while connecting");
+  }
+  return static_cast<unsigned>(commands.size());
+}
+
+void TransferPlane::Impl::start(std::unique_ptr<Xfer> x) {
+  for (std::size_t i = 0; i < x->pages.size(); ++i) {
+    if (x->pages[i].local >= pool_.pages) {
+      const std::string why = "chunk " + std::to_string(i) + ": local page " +
+                              std::to_string(x->pages[i].local) + " is outside this pool of " +
+                              std::to_string(pool_.pages) + " pages";
+      spdlog::warn("transfer {} refused: {}", x->id, why);
+      x->fail_all(Failure::kInvalid, why);
+      return report(std::move(x));
+    }
+  }
+  if (x->pages.empty()) {
+    x->fail_all(Failure::kInvalid, "no pages to move");
+    return report(std::move(x));
+  }
+  const auto found = initiators_.find(x->peer);
+  if (found != initiators_.end()) {
+    where_[x->id] = x->peer;
+    found->second->submit(std::move(x));
+    return;
+  }
+  Result<std::pair<std::string, std::uint16_t>> hp = split_url(x->peer);
+  if (!hp) {
+    x->fail_all(Failure::kInvalid, hp.error().message);
+    return report(std::move(x));
+  }
+  Result<std::unique_ptr<Session>> session =
+      Session::create(*context_, Session::Role::kInitiator, x->peer, pool_, options_.protocol);
+  if (!session) {
+    x->fail_all(Failure::kConnect, session.error().message);
+    return report(std::move(x));
+  }
+  Session& s = **session;
+  s.hello_body = encode(s.local_descriptor(pool_descriptor_));  // read by UCX until sent
+  if (Status dialed = dial_peer(s); !dialed) {
+    x->fail_all(Failure::kConnect, dialed.error().message);
+    return report(std::move(x));
+  }
+  watch(s.event_fd(), true);
+  where_[x->id] = x->peer;
+  s.submit(std::move(x));
+  initiators_[s.peer()] = std::move(session).value();
+}
+
+Status TransferPlane::Impl::dial_peer(Session& s) {
+  Result<std::pair<std::string, std::uint16_t>> hp = split_url(s.peer());
+  if (!hp) return hp.error();
+  if (s.hello_send && !UCS_PTR_IS_ERR(s.hello_send)) ucp_request_free(s.hello_send);
+  s.hello_send = nullptr;
+  if (s.control) ucx::close_forced(*worker_, s.control);
+  s.control = nullptr;
+  Result<Dialed> dialed =
+      dial(*worker_, hp->first, hp->second, s.hello_body, &Impl::on_control_error, &s);
+  if (!dialed) return dialed.error();
+  s.control = dialed->ep;
+  s.hello_send = dialed->send;
+  s.dial_started = Clock::now();
+  ++s.dials;
+  s.clear_broken();
+  return {};
+}
+
+unsigned TransferPlane::Impl::check_dials() {
+  unsigned n = 0;
+  for (auto it = initiators_.begin(); it != initiators_.end();) {
+    Session& s = *it->second;
+    ++it;  // reset() below erases s
+    if (s.hello_send && !UCS_PTR_IS_ERR(s.hello_send) &&
+        ucp_request_check_status(s.hello_send) != UCS_INPROGRESS) {
+      ucp_request_free(s.hello_send);
+      s.hello_send = nullptr;
+    }
+    if (s.ready() || !s.welcome) continue;
+    ++n;
+    Result<PeerDescriptor> peer = decode_descriptor(*s.welcome);
+    s.welcome.reset();
+    Status connected = peer ? Status{} : Status{peer.error()};
+    if (peer) {
+      const bool same_host = peer->host == pool_descriptor_.host;
+      connected = s.connect(std::move(peer).value(), same_host);
+    }
+    if (!connected) {
+      spdlog::warn("transfer plane: cannot open a session with {}: {}", s.peer(),
+                   connected.error().message);
+      reset(s, Failure::kConnect, 0, "session with " + s.peer() + ": " + connected.error().message);
+      continue;
+    }
+    spdlog::info("transfer plane: session with {} open ({} over {})", s.peer(),
+                 to_string(s.protocol()), s.transport());
+    {
+      std::lock_guard lock(counters_mutex_);
+      ++counters_.sessions_opened;
+    }
+    s.post_waiting();
+  }
+  return n;
+}
+
+unsigned TransferPlane::Impl::progress_sessions() {
+  unsigned n = 0;
+  auto one = [&](Session& s) {
+    n += s.progress();
+    for (std::unique_ptr<Xfer>& x : s.take_finished()) report(std::move(x));
+    for (const std::vector<gpu::PageId>& pages : s.take_written())
+      if (options_.on_written) options_.on_written(s.peer(), pages);
+    ServeCounters& sc = s.serve_counters();
+    if (sc.bytes || sc.rejected) {
+      std::lock_guard lock(counters_mutex_);
+      counters_.bytes_served += sc.bytes;
+      counters_.requests_rejected += sc.rejected;
+      sc = {};
+    }
+  };
+  std::vector<Session*> broken;
+  for (auto& [url, s] : initiators_) {
+    one(*s);
+    if (s->broken()) broken.push_back(s.get());
+  }
+  for (auto& [ep, s] : acceptors_) {
+    one(*s);
+    if (s->broken()) broken.push_back(s.get());
+  }
+  for (Session* s : broken) {
+    // A connection refused or reset before the answer (a peer restarting, a stale backlog
+    // entry) is tried again while the transfers' deadlines allow.
+    const auto deadline = s->earliest_deadline();
+    if (s->role() == Session::Role::kInitiator && !s->ready() && s->dials < kMaxDials &&
+        deadline && *deadline - Clock::now() > kRedialPause) {
+      spdlog::info("transfer plane: {}; dialing {} again", s->broken_reason(), s->peer());
+      std::this_thread::sleep_for(kRedialPause);
+      if (dial_peer(*s)) continue;
+    }
+    const std::string why = s->broken_reason().empty() ? "the connection to " + s->peer() + " failed"
+                                                        : s->broken_reason();
+    reset(*s, s->ready() ? Failure::kPeerLost : Failure::kConnect, 0, why);
+  }
+  return n;
+}
+
+void TransferPlane::Impl::expire(Clock::time_point now) {
+  for (auto it = initiators_.begin(); it != initiators_.end();) {
+    Session& s = *it->second;
+    ++it;
+    if (const std::optional<TransferId> id = s.expired(now))
+      reset(s, Failure::kTimeout, *id, "transfer " + std::to_string(*id) + " missed its deadline");
+  }
+}
+
+void TransferPlane::Impl::reset(Session& s, Failure failure, TransferId culprit,
+                                const std::string& why) {
+  std::vector<std::unique_ptr<Xfer>> failed = s.fail_all(failure, culprit, why);
+  watch(s.event_fd(), false);
+  std::unique_ptr<Session> owned;
+  if (s.role() == Session::Role::kInitiator) {
+    if (s.hello_send && !UCS_PTR_IS_ERR(s.hello_send)) ucp_request_free(s.hello_send);
+    s.hello_send = nullptr;
+    if (s.control) ucx::close_forced(*worker_, s.control);
+    const auto it = initiators_.find(s.peer());
+    owned = std::move(it->second);
+    initiators_.erase(it);
+  } else {
+    const ucp_ep_h control = s.control;
+    const auto it = acceptors_.find(control);
+    owned = std::move(it->second);
+    acceptors_.erase(it);
+    listener_->drop(control);
+  }
+  if (failure != Failure::kCancelled || culprit != 0)
+    spdlog::warn("transfer plane: session with {} reset ({}): {}", s.peer(), to_string(failure), why);
+  owned.reset();  // destroys the worker: no operation of the session can touch memory after this
+  {
+    std::lock_guard lock(counters_mutex_);
+    ++counters_.sessions_reset;
+  }
+  for (std::unique_ptr<Xfer>& x : failed) report(std::move(x));
+}
+
+void TransferPlane::Impl::report(std::unique_ptr<Xfer> x) {
+  TransferResult result = x->result(pool_);
+  result.stats.complete = Clock::now() - x->submitted;
+  where_.erase(x->id);
+  {
+    std::lock_guard lock(counters_mutex_);
+    if (result.ok())
+      ++counters_.transfers_ok;
+    else
+      ++counters_.transfers_failed;
+    ++counters_.failures[static_cast<int>(result.failure)];
+    (x->pull ? counters_.bytes_pulled : counters_.bytes_pushed) += result.stats.bytes;
+  }
+  if (!x->callback) return;
+  try {
+    x->callback(std::move(result));
+  } catch (const std::exception& e) {
+    spdlog::error("transfer {}: completion callback threw: {}", x->id, e.what());
+  }
+}
+
+void TransferPlane::Impl::sleep() {
+  bool armed = worker_->arm();
+  for (auto& [url, s] : initiators_) armed = s->worker().arm() && armed;
+  for (auto& [ep, s] : acceptors_) armed = s->worker().arm() && armed;
+  if (!armed) return;
+  bool busy = !where_.empty();
+  for (auto& [ep, s] : acceptors_) busy = busy || s->busy();
+  epoll_event events[16];
+  const int n = epoll_wait(epoll_.get(), events, 16, busy ? 1 : 100);
+  for (int i = 0; i < n; ++i) {
+    if (events[i].data.fd != wake_.get()) continue;
+    std::uint64_t count = 0;
+    (void)::read(wake_.get(), &count, sizeof(count));
+  }
+  last_event_ = Clock::now();
+}
+
+// ---- Handshakes -------------------------------------------------------------------------------
+
+ucx::Bytes TransferPlane::Impl::answer(const ucx::Bytes& hello, ucp_ep_h control) {
+  Result<PeerDescriptor> peer = decode_descriptor(hello);
+  if (!peer) {
+    spdlog::warn("transfer plane: refused a hello: {}", peer.error().message);
+    return encode_refusal(peer.error().message);
+  }
+  if (const auto old = acceptors_.find(control); old != acceptors_.end())
+    reset(*old->second, Failure::kReset, 0, "the peer said hello again");
+  const std::string name = peer->node.empty() ? "unnamed peer" : peer->node;
+  Result<std::unique_ptr<Session>> session =
+      Session::create(*context_, Session::Role::kAcceptor, name, pool_, options_.protocol);
+  if (!session) return encode_refusal(session.error().message);
+  const bool same_host = peer->host == pool_descriptor_.host;
+  if (Status s = (*session)->connect(std::move(peer).value(), same_host); !s) {
+    spdlog::warn("transfer plane: refused {}: {}", name, s.error().message);
+    return encode_refusal(s.error().message);
+  }
+  (*session)->control = control;
+  watch((*session)->event_fd(), true);
+  const ucx::Bytes out = encode((*session)->local_descriptor(pool_descriptor_));
+  acceptors_[control] = std::move(session).value();
+  return out;
+}
+
+void TransferPlane::Impl::lost(ucp_ep_h control) {
+  const auto it = acceptors_.find(control);
+  if (it == acceptors_.end()) return;
+  it->second->mark_broken("the peer " + it->second->peer() + " went away");
+}
+
+ucs_status_t TransferPlane::Impl::on_welcome(void* arg, const void*, std::size_t, void* data,
+                                             std::size_t length, const ucp_am_recv_param_t* p) {
+  auto* self = static_cast<Impl*>(arg);
+  if (!(p->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return UCS_OK;
+  for (auto& [url, s] : self->initiators_) {
+    if (s->control != p->reply_ep || s->ready()) continue;
+    if (p->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)
+      s->mark_broken("the peer's answer is too large to be a descriptor");
+    else
+      s->welcome = ucx::Bytes(static_cast<const std::byte*>(data),
+                              static_cast<const std::byte*>(data) + length);
+  }
+  return UCS_OK;
+}
+
+void TransferPlane::Impl::on_control_error(void* arg, ucp_ep_h, ucs_status_t status) {
+  static_cast<Session*>(arg)->mark_broken(std::string("the connection to the peer failed: ") +
+                                          ucs_status_string(status));
+}
+
+// ---- Facade -----------------------------------------------------------------------------------
+
+Result<std::unique_ptr<TransferPlane>> TransferPlane::start(const PlaneOptions& options,
+                                                            const gpu::ChunkPool& pool) {
+  auto impl = std::make_unique<Impl>(options, pool);
+  if (Status s = impl->init(); !s) return make_error("transfer plane: " + s.error().message);
+  return std::unique_ptr<TransferPlane>(new TransferPlane(std::move(impl)));
+}
+
+TransferPlane::TransferPlane(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+TransferPlane::~TransferPlane() = default;
+
+std::string TransferPlane::url() const { return impl_->url(); }
+
+TransferId TransferPlane::pull(const std::string& peer, std::vector<PageCopy> pages, Callback done,
+                               TransferOptions options) {
+  return impl_->submit(true, peer, std::move(pages), std::move(done), options);
+}
+
+TransferId TransferPlane::push(const std::string& peer, std::vector<PageCopy> pages, Callback done,
+                               TransferOptions options) {
+  return impl_->submit(false, peer, std::move(pages), std::move(done), options);
+}
+
+namespace {
+
+std::future<TransferResult> as_future(
+    const std::function<void(TransferPlane::Callback)>& submit) {
+  auto promise = std::make_shared<std::promise<TransferResult>>();
+  std::future<TransferResult> future = promise->get_future();
+  submit([promise](TransferResult r) { promise->set_value(std::move(r)); });
+  return future;
+}
+
+}  // namespace
+
+std::future<TransferResult> TransferPlane::pull(const std::string& peer, std::vector<PageCopy> pages,
+                                                TransferOptions options) {
+  return as_future([&](Callback cb) { pull(peer, std::move(pages), std::move(cb), options); });
+}
+
+std::future<TransferResult> TransferPlane::push(const std::string& peer, std::vector<PageCopy> pages,
+                                                TransferOptions options) {
+  return as_future([&](Callback cb) { push(peer, std::move(pages), std::move(cb), options); });
+}
+
+void TransferPlane::cancel(TransferId id) { impl_->cancel(id); }
+
+PlaneCounters TransferPlane::counters() const { return impl_->counters(); }
+
+}  // namespace kvnode::transfer

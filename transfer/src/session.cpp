@@ -1,0 +1,599 @@
+#include "session.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "lanes.hpp"
+
+namespace kvnode::transfer {
+
+// ---- Xfer -------------------------------------------------------------------------------------
+
+void Xfer::fail_run(std::uint32_t run, Failure f, const std::string& why) {
+  if (failure == Failure::kNone) {
+    failure = f;
+    message = why;
+  }
+  if (run < run_state.size() && run_state[run] == 0) {
+    run_state[run] = 2;
+    --open_runs;
+  }
+}
+
+void Xfer::finish_run(std::uint32_t run) {
+  if (run < run_state.size() && run_state[run] == 0) {
+    run_state[run] = 1;
+    --open_runs;
+  }
+}
+
+void Xfer::fail_all(Failure f, const std::string& why) {
+  if (failure == Failure::kNone) {
+    failure = f;
+    message = why;
+  }
+  for (std::uint32_t r = 0; r < run_state.size(); ++r) fail_run(r, f, why);
+}
+
+TransferResult Xfer::result(const PoolView& pool) const {
+  TransferResult out;
+  out.failure = failure;
+  out.message = message;
+  out.done.assign(pages.size(), 0);
+  out.stats = stats;
+  for (std::uint32_t r = 0; r < run_state.size(); ++r) {
+    if (run_state[r] != 1) continue;
+    const Run& run = plan.runs[r];
+    for (std::uint32_t k = 0; k < run.count; ++k) out.done[plan.chunk_order[run.first_chunk + k]] = 1;
+    out.stats.chunks += run.count;
+  }
+  out.stats.bytes = static_cast<std::uint64_t>(out.stats.chunks) * pool.page_bytes;
+  return out;
+}
+
+// ---- Session set-up ---------------------------------------------------------------------------
+
+namespace {
+
+Status set_handler(const ucx::Worker& worker, unsigned id, ucp_am_recv_callback_t cb, void* arg) {
+  ucp_am_handler_param_t param{};
+  param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                     UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  param.id = id;
+  param.cb = cb;
+  param.arg = arg;
+  if (ucs_status_t st = ucp_worker_set_am_recv_handler(worker.get(), &param); st != UCS_OK)
+    return ucx::status_error("ucp_worker_set_am_recv_handler", st);
+  return {};
+}
+
+std::string status_text(const char* call, ucs_status_t st) {
+  return std::string(call) + ": " + ucs_status_string(st);
+}
+
+bool rendezvous(const ucp_am_recv_param_t* p) { return p->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV; }
+
+}  // namespace
+
+Result<std::unique_ptr<Session>> Session::create(const ucx::Context& context, Role role,
+                                                 std::string peer, const PoolView& pool,
+                                                 Protocol protocol) {
+  Result<ucx::Worker> worker = ucx::Worker::create(context);
+  if (!worker) return worker.error();
+  std::unique_ptr<Session> s(
+      new Session(role, std::move(peer), pool, protocol, std::move(worker).value()));
+  Result<int> fd = s->worker_.event_fd();
+  if (!fd) return fd.error();
+  s->event_fd_ = *fd;
+  if (Status st = s->install_handlers(); !st) return st.error();
+  return s;
+}
+
+Status Session::install_handlers() {
+  const std::pair<unsigned, ucp_am_recv_callback_t> handlers[] = {
+      {wire::kPullRequest, &Session::on_pull_request}, {wire::kPullData, &Session::on_pull_data},
+      {wire::kPullReject, &Session::on_run_answer},    {wire::kPushData, &Session::on_push_data},
+      {wire::kPushAck, &Session::on_run_answer},       {wire::kWritten, &Session::on_written}};
+  for (const auto& [id, cb] : handlers)
+    if (Status s = set_handler(worker_, id, cb, this); !s) return s;
+  return {};
+}
+
+Session::~Session() {
+  for (Op& op : ops_)
+    if (op.request) ucp_request_free(op.request);
+  for (Deferred& d : deferred_)
+    if (d.desc) ucp_am_data_release(worker_.get(), d.desc);
+  rkey_.reset();
+  endpoint_.reset();
+}
+
+PeerDescriptor Session::local_descriptor(const PeerDescriptor& pool_descriptor) const {
+  PeerDescriptor d = pool_descriptor;
+  if (Result<ucx::Bytes> a = worker_.address()) d.worker_address = std::move(a).value();
+  return d;
+}
+
+Status Session::connect(PeerDescriptor peer, bool same_host) {
+  if (peer.page_bytes != pool_.page_bytes)
+    return make_error("the peer's pages are " + std::to_string(peer.page_bytes) +
+                      " bytes, ours " + std::to_string(pool_.page_bytes) + ": not the same chunk size");
+  Result<ucx::Endpoint> ep = ucx::Endpoint::connect(worker_, peer.worker_address, !same_host);
+  if (!ep) return ep.error();
+  endpoint_.emplace(std::move(ep).value());
+  if (Status s = check_packed_rkey(peer.rkey); !s) return s;
+  Result<ucx::RemoteKey> key = ucx::RemoteKey::unpack(*endpoint_, peer.rkey);
+  if (!key) return key.error();
+  rkey_.emplace(std::move(key).value());
+  const EndpointLanes lanes = endpoint_lanes(endpoint_->get());
+  switch (requested_) {
+    case Protocol::kRma: protocol_ = Protocol::kRma; break;
+    case Protocol::kActiveMessage: protocol_ = Protocol::kActiveMessage; break;
+    case Protocol::kAuto:
+      protocol_ = rma_is_native(lanes) ? Protocol::kRma : Protocol::kActiveMessage;
+  }
+  transport_ = protocol_ == Protocol::kRma && !lanes.rma_bw.empty() ? lanes.rma_bw : lanes.am_bw;
+  if (transport_.empty()) transport_ = "unknown";
+  remote_ = std::move(peer);
+  return {};
+}
+
+void Session::mark_broken(const std::string& why) {
+  if (!broken_) broken_reason_ = why;
+  broken_ = true;
+}
+
+// ---- Transfers --------------------------------------------------------------------------------
+
+void Session::submit(std::unique_ptr<Xfer> xfer) {
+  if (!ready()) {
+    waiting_.push_back(std::move(xfer));
+    return;
+  }
+  Xfer& x = *xfer;
+  const TransferId id = x.id;
+  xfers_[id] = std::move(xfer);
+  post(x);
+}
+
+void Session::post_waiting() {
+  while (!waiting_.empty()) {
+    std::unique_ptr<Xfer> x = std::move(waiting_.front());
+    waiting_.pop_front();
+    submit(std::move(x));
+  }
+}
+
+void Session::post(Xfer& x) {
+  x.posted = Clock::now();
+  x.stats.queued = x.posted - x.submitted;
+  x.stats.protocol = protocol_;
+  x.stats.transport = transport_;
+  Result<Plan> plan = plan_runs(x.pages, pool_.pages, remote_.pages, x.pull);
+  if (!plan) {
+    spdlog::warn("transfer {} to {} refused: {}", x.id, peer_, plan.error().message);
+    x.fail_all(Failure::kInvalid, plan.error().message);
+    return;
+  }
+  x.plan = std::move(plan).value();
+  x.run_state.assign(x.plan.runs.size(), 0);
+  x.open_runs = static_cast<std::uint32_t>(x.plan.runs.size());
+  if (protocol_ == Protocol::kRma)
+    post_rma(x);
+  else
+    post_am(x);
+  x.stats.post = Clock::now() - x.posted;
+}
+
+void Session::track(ucs_status_ptr_t request, Op op) {
+  if (request == nullptr) return completed(op, UCS_OK);
+  if (UCS_PTR_IS_ERR(request)) return completed(op, UCS_PTR_STATUS(request));
+  op.request = request;
+  ops_.push_back(std::move(op));
+}
+
+void Session::settle(ucs_status_ptr_t request) {
+  // The op is ops_.back(): it stays there while UCX may still read its header.
+  if (request != nullptr && !UCS_PTR_IS_ERR(request)) {
+    ops_.back().request = request;
+    return;
+  }
+  Op op = std::move(ops_.back());
+  ops_.pop_back();
+  completed(op, request == nullptr ? UCS_OK : UCS_PTR_STATUS(request));
+}
+
+void Session::post_rma(Xfer& x) {
+  ucp_request_param_t param{};
+  for (std::uint32_t r = 0; r < x.plan.runs.size(); ++r) {
+    const Run& run = x.plan.runs[r];
+    std::byte* local = pool_.page(run.local);
+    const std::uint64_t remote = remote_.base + static_cast<std::uint64_t>(run.remote) * pool_.page_bytes;
+    const std::size_t length = span_bytes(run.count);
+    ++x.stats.ops;
+    if (x.pull)
+      track(ucp_get_nbx(endpoint_->get(), local, length, remote, rkey_->get(), &param),
+            Op(OpKind::kGet, x.id, r));
+    else
+      track(ucp_put_nbx(endpoint_->get(), local, length, remote, rkey_->get(), &param),
+            Op(OpKind::kPut, x.id, r));
+  }
+  // Remote completion: the flush ends after every put above is in the peer's memory.
+  if (!x.pull) track(ucp_ep_flush_nbx(endpoint_->get(), &param), Op(OpKind::kFlush, x.id, 0));
+}
+
+void Session::post_am(Xfer& x) {
+  ucp_request_param_t param{};
+  const auto& runs = x.plan.runs;
+  if (x.pull) {
+    for (std::uint32_t start = 0; start < runs.size(); start += wire::kMaxRunsPerMessage) {
+      const std::uint32_t n = std::min<std::uint32_t>(wire::kMaxRunsPerMessage,
+                                                      static_cast<std::uint32_t>(runs.size()) - start);
+      Op& op = ops_.emplace_back(Op(OpKind::kPullRequest, x.id, start));
+      op.pull = wire::PullRequest{x.id, n};
+      for (std::uint32_t r = start; r < start + n; ++r)
+        op.runs.push_back(wire::RunRequest{r, runs[r].remote, runs[r].count});
+      ++x.stats.ops;
+      settle(ucp_am_send_nbx(endpoint_->get(), wire::kPullRequest, &op.pull, sizeof(op.pull),
+                             op.runs.data(), op.runs.size() * sizeof(wire::RunRequest), &param));
+    }
+    return;
+  }
+  for (std::uint32_t r = 0; r < runs.size(); ++r) {
+    Op& op = ops_.emplace_back(Op(OpKind::kPushSend, x.id, r));
+    op.push = wire::PushHeader{x.id, wire::RunRequest{r, runs[r].remote, runs[r].count}};
+    ++x.stats.ops;
+    settle(ucp_am_send_nbx(endpoint_->get(), wire::kPushData, &op.push, sizeof(op.push),
+                           pool_.page(runs[r].local), span_bytes(runs[r].count), &param));
+  }
+}
+
+Xfer* Session::find(TransferId id) {
+  const auto it = xfers_.find(id);
+  return it == xfers_.end() ? nullptr : it->second.get();
+}
+
+void Session::completed(Op& op, ucs_status_t st) {
+  Xfer* x = op.xfer ? find(op.xfer) : nullptr;
+  const bool ok = st == UCS_OK;
+  switch (op.kind) {
+    case OpKind::kGet:
+    case OpKind::kPullRecv:
+      if (!x) break;
+      if (ok)
+        x->finish_run(op.run);
+      else
+        x->fail_run(op.run, Failure::kPeerLost, status_text("reading from the peer", st));
+      break;
+    case OpKind::kPut:
+    case OpKind::kPushSend:
+      if (x && !ok) x->fail_run(op.run, Failure::kPeerLost, status_text("writing to the peer", st));
+      break;
+    case OpKind::kFlush: {
+      if (!x) break;
+      if (!ok) {
+        x->fail_all(Failure::kPeerLost, status_text("ucp_ep_flush_nbx", st));
+        break;
+      }
+      // Tell the peer which pages now hold our bytes (its node marks them present).
+      std::vector<wire::RunRequest> done;
+      for (std::uint32_t r = 0; r < x->run_state.size(); ++r) {
+        if (x->run_state[r] != 0) continue;
+        x->finish_run(r);
+        done.push_back({r, x->plan.runs[r].remote, x->plan.runs[r].count});
+      }
+      for (std::size_t start = 0; start < done.size(); start += wire::kMaxRunsPerMessage) {
+        const std::size_t n = std::min<std::size_t>(wire::kMaxRunsPerMessage, done.size() - start);
+        Op& note = ops_.emplace_back(Op(OpKind::kNotify, 0, 0));
+        note.pull = wire::PullRequest{x->id, static_cast<std::uint32_t>(n)};
+        note.runs.assign(done.begin() + static_cast<std::ptrdiff_t>(start),
+                         done.begin() + static_cast<std::ptrdiff_t>(start + n));
+        ucp_request_param_t param{};
+        settle(ucp_am_send_nbx(endpoint_->get(), wire::kWritten, &note.pull, sizeof(note.pull),
+                               note.runs.data(), note.runs.size() * sizeof(wire::RunRequest), &param));
+      }
+      break;
+    }
+    case OpKind::kPullRequest:
+      if (x && !ok)
+        for (const wire::RunRequest& r : op.runs)
+          x->fail_run(r.run, Failure::kPeerLost, status_text("sending the pull request", st));
+      break;
+    case OpKind::kServeSend:
+      if (ok) serve_.bytes += span_bytes(op.runs.empty() ? 0 : op.runs[0].count);
+      break;
+    case OpKind::kServeRecv: {
+      const wire::RunRequest target = op.runs.at(0);
+      wire::RunHeader ack{op.push.transfer, target.run, ok ? wire::kOk : wire::kMalformed};
+      if (ok) {
+        serve_.bytes += span_bytes(target.count);
+        std::vector<gpu::PageId> pages(target.count);
+        for (std::uint32_t i = 0; i < target.count; ++i) pages[i] = target.first + i;
+        written_.push_back(std::move(pages));
+      }
+      send_run_header(OpKind::kAck, wire::kPushAck, ack, ok ? "" : status_text("receiving", st));
+      break;
+    }
+    case OpKind::kAck:
+    case OpKind::kNotify:
+      break;
+  }
+}
+
+void Session::send_run_header(OpKind kind, unsigned am_id, const wire::RunHeader& h,
+                              std::string text) {
+  if (!endpoint_) return;
+  Op& op = ops_.emplace_back(Op(kind, 0, 0));
+  op.run_header = h;
+  op.text = std::move(text);
+  ucp_request_param_t param{};
+  settle(ucp_am_send_nbx(endpoint_->get(), am_id, &op.run_header, sizeof(op.run_header),
+                         op.text.data(), op.text.size(), &param));
+}
+
+// ---- Progress ---------------------------------------------------------------------------------
+
+unsigned Session::progress() {
+  unsigned n = 0;
+  for (int i = 0; i < 4; ++i) n += worker_.progress();
+  while (!deferred_.empty()) {
+    Deferred d = std::move(deferred_.front());
+    deferred_.pop_front();
+    serve(d);
+    ++n;
+  }
+  for (auto it = ops_.begin(); it != ops_.end();) {
+    if (it->request == nullptr) {
+      ++it;
+      continue;
+    }
+    const ucs_status_t st = ucp_request_check_status(it->request);
+    if (st == UCS_INPROGRESS) {
+      ++it;
+      continue;
+    }
+    ucp_request_free(it->request);
+    it->request = nullptr;
+    Op op = std::move(*it);
+    it = ops_.erase(it);
+    completed(op, st);  // may append to ops_ (acks, notices): list iterators stay valid
+    ++n;
+  }
+  for (auto it = xfers_.begin(); it != xfers_.end();) {
+    if (it->second->finished()) {
+      finished_.push_back(std::move(it->second));
+      it = xfers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return n;
+}
+
+void Session::serve(Deferred& d) {
+  ucp_request_param_t param{};
+  switch (d.kind) {
+    case OpKind::kServeSend:  // a peer's pull request: send each run back, or say why not
+      for (const wire::RunRequest& r : d.runs) {
+        if (r.count == 0 || r.first >= pool_.pages || r.count > pool_.pages - r.first) {
+          ++serve_.rejected;
+          const std::string why = "pages " + std::to_string(r.first) + "+" + std::to_string(r.count) +
+                                  " are outside this pool of " + std::to_string(pool_.pages);
+          spdlog::warn("pull request {} from {} rejected: {}", d.transfer, peer_, why);
+          send_run_header(OpKind::kAck, wire::kPullReject, {d.transfer, r.run, wire::kOutOfPool}, why);
+          continue;
+        }
+        Op& op = ops_.emplace_back(Op(OpKind::kServeSend, 0, 0));
+        op.run_header = wire::RunHeader{d.transfer, r.run, wire::kOk};
+        op.runs = {r};
+        settle(ucp_am_send_nbx(endpoint_->get(), wire::kPullData, &op.run_header,
+                               sizeof(op.run_header), pool_.page(r.first), span_bytes(r.count),
+                               &param));
+      }
+      break;
+    case OpKind::kPullRecv: {  // a rendezvous carrying a run we pulled
+      Xfer* x = find(d.run.transfer);
+      if (!x || d.run.run >= x->run_state.size() || x->run_state[d.run.run] != 0) {
+        ucp_am_data_release(worker_.get(), d.desc);
+        break;
+      }
+      const Run& run = x->plan.runs[d.run.run];
+      void* desc = std::exchange(d.desc, nullptr);
+      track(ucp_am_recv_data_nbx(worker_.get(), desc, pool_.page(run.local), d.length, &param),
+            Op(OpKind::kPullRecv, x->id, d.run.run));
+      break;
+    }
+    case OpKind::kServeRecv: {  // a rendezvous carrying a run pushed into our pool (checked)
+      Op op(OpKind::kServeRecv);
+      op.push = d.push;
+      op.runs = {d.push.target};
+      void* desc = std::exchange(d.desc, nullptr);
+      track(ucp_am_recv_data_nbx(worker_.get(), desc, pool_.page(d.push.target.first), d.length,
+                                 &param),
+            std::move(op));
+      break;
+    }
+    case OpKind::kAck:
+      send_run_header(OpKind::kAck, wire::kPushAck, d.run,
+                      d.run.code == wire::kOk ? "" : "pages outside the pool or a wrong length");
+      break;
+    default:
+      break;
+  }
+}
+
+std::vector<std::unique_ptr<Xfer>> Session::take_finished() { return std::exchange(finished_, {}); }
+
+std::vector<std::vector<gpu::PageId>> Session::take_written() { return std::exchange(written_, {}); }
+
+std::vector<std::unique_ptr<Xfer>> Session::fail_all(Failure first, TransferId culprit,
+                                                     const std::string& why) {
+  std::vector<std::unique_ptr<Xfer>> out = take_finished();
+  auto fail = [&](std::unique_ptr<Xfer> x) {
+    const bool others_retry = first == Failure::kTimeout || first == Failure::kCancelled;
+    if (x->id == culprit || culprit == 0 || !others_retry)
+      x->fail_all(first, why);
+    else
+      x->fail_all(Failure::kReset, "session with " + peer_ + " reset: another transfer " + why);
+    out.push_back(std::move(x));
+  };
+  for (auto& [id, x] : xfers_) fail(std::move(x));
+  xfers_.clear();
+  while (!waiting_.empty()) {
+    fail(std::move(waiting_.front()));
+    waiting_.pop_front();
+  }
+  return out;
+}
+
+std::optional<Clock::time_point> Session::earliest_deadline() const {
+  std::optional<Clock::time_point> out;
+  auto see = [&](const Xfer& x) {
+    if (!out || x.deadline < *out) out = x.deadline;
+  };
+  for (const auto& [id, x] : xfers_) see(*x);
+  for (const auto& x : waiting_) see(*x);
+  return out;
+}
+
+std::optional<TransferId> Session::expired(Clock::time_point now) const {
+  for (const auto& [id, x] : xfers_)
+    if (x->deadline <= now) return id;
+  for (const auto& x : waiting_)
+    if (x->deadline <= now) return x->id;
+  return std::nullopt;
+}
+
+// ---- Active-message handlers (inside ucp_worker_progress: record, never send) -----------------
+
+ucs_status_t Session::on_pull_request(void* arg, const void* header, std::size_t header_length,
+                                      void* data, std::size_t length, const ucp_am_recv_param_t* p) {
+  auto* s = static_cast<Session*>(arg);
+  const auto h = wire::read<wire::PullRequest>(header, header_length);
+  if (!h || rendezvous(p) || h->count == 0 || h->count > wire::kMaxRunsPerMessage ||
+      length != h->count * sizeof(wire::RunRequest)) {
+    ++s->serve_.rejected;
+    spdlog::warn("malformed pull request from {} dropped", s->peer_);
+    return UCS_OK;
+  }
+  Deferred d(OpKind::kServeSend);
+  d.transfer = h->transfer;
+  d.runs.resize(h->count);
+  std::memcpy(d.runs.data(), data, length);
+  s->deferred_.push_back(std::move(d));
+  return UCS_OK;
+}
+
+ucs_status_t Session::on_pull_data(void* arg, const void* header, std::size_t header_length,
+                                   void* data, std::size_t length, const ucp_am_recv_param_t* p) {
+  auto* s = static_cast<Session*>(arg);
+  const auto h = wire::read<wire::RunHeader>(header, header_length);
+  Xfer* x = h ? s->find(h->transfer) : nullptr;
+  // Only a run we asked for, still open, of exactly its size: never trust the peer's numbers.
+  if (!x || !x->pull || h->run >= x->run_state.size() || x->run_state[h->run] != 0) return UCS_OK;
+  const Run& run = x->plan.runs[h->run];
+  if (length != s->span_bytes(run.count)) {
+    x->fail_run(h->run, Failure::kRejected,
+                "the peer sent " + std::to_string(length) + " bytes for a run of " +
+                    std::to_string(s->span_bytes(run.count)));
+    return UCS_OK;
+  }
+  if (rendezvous(p)) {
+    Deferred d(OpKind::kPullRecv);
+    d.desc = data;
+    d.length = length;
+    d.run = *h;
+    s->deferred_.push_back(std::move(d));
+    return UCS_INPROGRESS;  // keeps `data` for ucp_am_recv_data_nbx
+  }
+  std::memcpy(s->pool_.page(run.local), data, length);
+  x->finish_run(h->run);
+  return UCS_OK;
+}
+
+ucs_status_t Session::on_run_answer(void* arg, const void* header, std::size_t header_length,
+                                    void* data, std::size_t length, const ucp_am_recv_param_t* p) {
+  auto* s = static_cast<Session*>(arg);
+  const auto h = wire::read<wire::RunHeader>(header, header_length);
+  Xfer* x = h ? s->find(h->transfer) : nullptr;
+  if (!x || h->run >= x->run_state.size()) return UCS_OK;
+  if (h->code == wire::kOk) {
+    if (!x->pull) x->finish_run(h->run);  // a pull run ends only with its bytes
+    return UCS_OK;
+  }
+  std::string why = "the peer refused";
+  if (!rendezvous(p) && length > 0)
+    why += ": " + std::string(static_cast<const char*>(data), std::min<std::size_t>(length, 512));
+  spdlog::warn("transfer {} to {}: run {} {}", x->id, s->peer_, h->run, why);
+  x->fail_run(h->run, Failure::kRejected, why);
+  return UCS_OK;
+}
+
+ucs_status_t Session::on_push_data(void* arg, const void* header, std::size_t header_length,
+                                   void* data, std::size_t length, const ucp_am_recv_param_t* p) {
+  auto* s = static_cast<Session*>(arg);
+  const auto h = wire::read<wire::PushHeader>(header, header_length);
+  if (!h) {
+    ++s->serve_.rejected;
+    spdlog::warn("malformed push from {} dropped", s->peer_);
+    return UCS_OK;
+  }
+  const wire::RunRequest& t = h->target;
+  const bool in_pool = t.count > 0 && t.first < s->pool_.pages && t.count <= s->pool_.pages - t.first;
+  if (!in_pool || length != s->span_bytes(t.count)) {
+    ++s->serve_.rejected;
+    spdlog::warn("push {} from {} rejected: pages {}+{} ({} bytes) do not fit this pool of {} x {}",
+                 h->transfer, s->peer_, t.first, t.count, length, s->pool_.pages, s->pool_.page_bytes);
+    Deferred d(OpKind::kAck);
+    d.run = wire::RunHeader{h->transfer, t.run, in_pool ? wire::kBadLength : wire::kOutOfPool};
+    s->deferred_.push_back(std::move(d));
+    return UCS_OK;  // drops the data
+  }
+  if (rendezvous(p)) {
+    Deferred d(OpKind::kServeRecv);
+    d.desc = data;
+    d.length = length;
+    d.push = *h;
+    s->deferred_.push_back(std::move(d));
+    return UCS_INPROGRESS;
+  }
+  std::memcpy(s->pool_.page(t.first), data, length);
+  s->serve_.bytes += length;
+  std::vector<gpu::PageId> pages(t.count);
+  for (std::uint32_t i = 0; i < t.count; ++i) pages[i] = t.first + i;
+  s->written_.push_back(std::move(pages));
+  Deferred d(OpKind::kAck);
+  d.run = wire::RunHeader{h->transfer, t.run, wire::kOk};
+  s->deferred_.push_back(std::move(d));
+  return UCS_OK;
+}
+
+ucs_status_t Session::on_written(void* arg, const void* header, std::size_t header_length,
+                                 void* data, std::size_t length, const ucp_am_recv_param_t* p) {
+  auto* s = static_cast<Session*>(arg);
+  const auto h = wire::read<wire::PullRequest>(header, header_length);
+  if (!h || rendezvous(p) || h->count > wire::kMaxRunsPerMessage ||
+      length != h->count * sizeof(wire::RunRequest)) {
+    ++s->serve_.rejected;
+    return UCS_OK;
+  }
+  std::vector<wire::RunRequest> runs(h->count);
+  std::memcpy(runs.data(), data, length);
+  std::vector<gpu::PageId> pages;
+  for (const wire::RunRequest& r : runs) {
+    if (r.count == 0 || r.first >= s->pool_.pages || r.count > s->pool_.pages - r.first) {
+      ++s->serve_.rejected;
+      spdlog::warn("write notice from {} names pages {}+{} outside the pool; ignored", s->peer_,
+                   r.first, r.count);
+      continue;
+    }
+    for (std::uint32_t i = 0; i < r.count; ++i) pages.push_back(r.first + i);
+    s->serve_.bytes += s->span_bytes(r.count);
+  }
+  if (!pages.empty()) s->written_.push_back(std::move(pages));
+  return UCS_OK;
+}
+
+}  // namespace kvnode::transfer

@@ -1,0 +1,204 @@
+// One session between this plane and a peer plane: a UCX worker of its own, the data endpoint to
+// the peer's session worker, the peer's pool key and geometry, and the transfers in flight on it.
+// An initiator session is opened by this plane's transfers to a peer url; an acceptor session
+// is the peer's counterpart, which serves the initiator's active messages against our pool.
+//
+// The worker is the session's unit of failure: resetting a session destroys it, which ends every
+// operation UCX still holds for the session (even where UCX 1.13 cannot cancel one, such as an
+// RMA get to a dead shared-memory peer), so no late byte can land in a page after the transfer
+// was reported. Runs on the plane's progress thread only.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kvnode/transfer/descriptor.hpp"
+#include "kvnode/transfer/plane.hpp"
+#include "kvnode/transfer/ucx_handles.hpp"
+#include "runs.hpp"
+#include "wire.hpp"
+
+namespace kvnode::transfer {
+
+using Clock = std::chrono::steady_clock;
+
+struct PoolView {
+  std::byte* base = nullptr;
+  std::size_t page_bytes = 0;
+  std::uint32_t pages = 0;
+  std::byte* page(gpu::PageId p) const { return base + static_cast<std::size_t>(p) * page_bytes; }
+};
+
+// A transfer this plane started.
+struct Xfer {
+  TransferId id = 0;
+  bool pull = true;
+  std::string peer;
+  std::vector<PageCopy> pages;
+  TransferPlane::Callback callback;
+  Clock::time_point submitted, posted, deadline;
+  Plan plan;
+  std::vector<std::uint8_t> run_state;  // 0 open, 1 done, 2 failed
+  std::uint32_t open_runs = 0;
+  Failure failure = Failure::kNone;
+  std::string message;
+  TransferStats stats;
+
+  void fail_run(std::uint32_t run, Failure f, const std::string& why);
+  void finish_run(std::uint32_t run);
+  void fail_all(Failure f, const std::string& why);
+  bool finished() const { return open_runs == 0; }
+  TransferResult result(const PoolView& pool) const;
+};
+
+// What the plane counts of the serving side.
+struct ServeCounters {
+  std::uint64_t bytes = 0;
+  std::uint64_t rejected = 0;
+};
+
+class Session {
+ public:
+  enum class Role { kInitiator, kAcceptor };
+
+  static Result<std::unique_ptr<Session>> create(const ucx::Context& context, Role role,
+                                                 std::string peer, const PoolView& pool,
+                                                 Protocol protocol);
+  ~Session();
+
+  // Initiator: the descriptor to send in the hello / acceptor: the one to answer with.
+  PeerDescriptor local_descriptor(const PeerDescriptor& pool_descriptor) const;
+  // Connects the data endpoint to the peer's session worker. Same-host peers connect without
+  // UCX peer error handling so shared memory stays available.
+  Status connect(PeerDescriptor peer, bool same_host);
+
+  // Initiator: queue a transfer (posted at once when ready, else when connected).
+  void submit(std::unique_ptr<Xfer> xfer);
+  void post_waiting();
+  // Progresses the worker, completes operations, serves peers. Returns events handled.
+  unsigned progress();
+  // Transfers that have ended since the last call.
+  std::vector<std::unique_ptr<Xfer>> take_finished();
+  // Fails every transfer on this session; the caller then destroys it.
+  std::vector<std::unique_ptr<Xfer>> fail_all(Failure first, TransferId culprit,
+                                              const std::string& why);
+  // Pages a peer wrote into our pool since the last call (push).
+  std::vector<std::vector<gpu::PageId>> take_written();
+
+  std::optional<Clock::time_point> earliest_deadline() const;
+  std::optional<TransferId> expired(Clock::time_point now) const;
+  bool has(TransferId id) const { return xfers_.count(id) != 0; }
+  bool busy() const { return !xfers_.empty() || !ops_.empty(); }
+
+  const std::string& peer() const { return peer_; }
+  Role role() const { return role_; }
+  bool ready() const { return endpoint_.has_value(); }
+  const ucx::Worker& worker() const { return worker_; }
+  int event_fd() const { return event_fd_; }
+  const std::string& transport() const { return transport_; }
+  Protocol protocol() const { return protocol_; }
+  // Set by UCX callbacks; the plane resets the session when it sees it.
+  bool broken() const { return broken_ || (endpoint_ && endpoint_->failed()); }
+  void mark_broken(const std::string& why);
+  void clear_broken() {
+    broken_ = false;
+    broken_reason_.clear();
+  }
+  const std::string& broken_reason() const { return broken_reason_; }
+  ServeCounters& serve_counters() { return serve_; }
+
+  // The initiator's tcp control endpoint (closed by the plane) and its hello send.
+  ucp_ep_h control = nullptr;
+  ucs_status_ptr_t hello_send = nullptr;
+  ucx::Bytes hello_body;
+  std::optional<ucx::Bytes> welcome;  // the answer, once it came
+  Clock::time_point dial_started;
+  int dials = 0;
+
+ private:
+  enum class OpKind { kGet, kPut, kFlush, kPullRequest, kPushSend, kServeSend, kServeRecv, kAck,
+                      kNotify, kPullRecv };
+  struct Op {
+    explicit Op(OpKind k, TransferId x = 0, std::uint32_t r = 0) : kind(k), xfer(x), run(r) {}
+    ucs_status_ptr_t request = nullptr;
+    OpKind kind;
+    TransferId xfer = 0;
+    std::uint32_t run = 0;
+    wire::PushHeader push{};      // header storage: UCX 1.13 reads it until the send completes
+    wire::RunHeader run_header{};
+    wire::PullRequest pull{};
+    std::vector<wire::RunRequest> runs;  // kPullRequest / kNotify bodies, kServeRecv target
+    std::string text;                    // kAck / reject reason
+  };
+  struct Deferred {  // a rendezvous to receive, or a request to serve, outside UCX's callback
+    explicit Deferred(OpKind k) : kind(k) {}
+    OpKind kind;
+    void* desc = nullptr;
+    std::size_t length = 0;
+    wire::PushHeader push{};
+    wire::RunHeader run{};
+    std::vector<wire::RunRequest> runs;
+    TransferId transfer = 0;
+  };
+
+  Session(Role role, std::string peer, const PoolView& pool, Protocol protocol, ucx::Worker worker)
+      : role_(role), peer_(std::move(peer)), pool_(pool), requested_(protocol),
+        worker_(std::move(worker)) {}
+  Status install_handlers();
+  void post(Xfer& x);
+  void post_rma(Xfer& x);
+  void post_am(Xfer& x);
+  void track(ucs_status_ptr_t request, Op op);
+  void settle(ucs_status_ptr_t request);  // for the op just appended to ops_
+  void completed(Op& op, ucs_status_t status);
+  void serve(Deferred& d);
+  void send_run_header(OpKind kind, unsigned am_id, const wire::RunHeader& h, std::string text);
+  Xfer* find(TransferId id);
+  std::uint64_t span_bytes(std::uint32_t count) const {
+    return static_cast<std::uint64_t>(count) * pool_.page_bytes;
+  }
+
+  static ucs_status_t on_pull_request(void* arg, const void* header, std::size_t header_length,
+                                      void* data, std::size_t length, const ucp_am_recv_param_t* p);
+  static ucs_status_t on_pull_data(void* arg, const void* header, std::size_t header_length,
+                                   void* data, std::size_t length, const ucp_am_recv_param_t* p);
+  static ucs_status_t on_run_answer(void* arg, const void* header, std::size_t header_length,
+                                    void* data, std::size_t length, const ucp_am_recv_param_t* p);
+  static ucs_status_t on_push_data(void* arg, const void* header, std::size_t header_length,
+                                   void* data, std::size_t length, const ucp_am_recv_param_t* p);
+  static ucs_status_t on_written(void* arg, const void* header, std::size_t header_length,
+                                 void* data, std::size_t length, const ucp_am_recv_param_t* p);
+
+  Role role_;
+  std::string peer_;
+  PoolView pool_;
+  Protocol requested_;
+  Protocol protocol_ = Protocol::kActiveMessage;
+  std::string transport_;
+  PeerDescriptor remote_;
+  bool broken_ = false;
+  std::string broken_reason_;
+  ServeCounters serve_;
+  int event_fd_ = -1;
+
+  // Destroyed in reverse: remote key, endpoint, then the worker that owns what is left.
+  ucx::Worker worker_;
+  std::optional<ucx::Endpoint> endpoint_;
+  std::optional<ucx::RemoteKey> rkey_;
+
+  std::deque<std::unique_ptr<Xfer>> waiting_;
+  std::map<TransferId, std::unique_ptr<Xfer>> xfers_;
+  std::vector<std::unique_ptr<Xfer>> finished_;
+  std::list<Op> ops_;  // stable addresses: headers live here while UCX sends them
+  std::deque<Deferred> deferred_;
+  std::vector<std::vector<gpu::PageId>> written_;
+};
+
+}  // namespace kvnode::transfer

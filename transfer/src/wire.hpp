@@ -1,0 +1,60 @@
+// The plane's own messages, sent as UCX active messages on a session's workers. Headers are
+// fixed-size little-endian records; a handler accepts one only when its length is exact, and
+// every page range in it is checked against the pool before any byte is touched.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+
+namespace kvnode::transfer::wire {
+
+static_assert(std::endian::native == std::endian::little, "headers are sent as little-endian");
+
+// Ids 7 and 8 are the listener's hello and welcome (listener.cpp).
+enum AmId : unsigned {
+  kPullRequest = 10,  // initiator -> server: runs to send back; data: RunRequest[count]
+  kPullData = 11,     // server -> initiator: one run's bytes
+  kPullReject = 12,   // server -> initiator: a run it will not send; data: the reason
+  kPushData = 13,     // initiator -> server: one run's bytes for the server's pool
+  kPushAck = 14,      // server -> initiator: a pushed run is in place (or why not)
+  kWritten = 15,      // initiator -> server after an RMA push and flush; data: RunRequest[count]
+};
+
+// The most runs one request message carries, so it always goes eagerly (12 B each).
+constexpr std::uint32_t kMaxRunsPerMessage = 256;
+
+struct RunRequest {  // a run of pages in the receiver's pool
+  std::uint32_t run = 0;  // index of the run in its transfer
+  std::uint32_t first = 0;
+  std::uint32_t count = 0;
+};
+
+struct PullRequest {
+  std::uint64_t transfer = 0;
+  std::uint32_t count = 0;  // RunRequests in the data
+};
+
+struct RunHeader {  // kPullData, kPullReject, kPushAck
+  std::uint64_t transfer = 0;
+  std::uint32_t run = 0;
+  std::uint32_t code = 0;  // kPushAck / kPullReject: 0 ok, else a RejectCode
+};
+
+struct PushHeader {
+  std::uint64_t transfer = 0;
+  RunRequest target;
+};
+
+enum RejectCode : std::uint32_t { kOk = 0, kOutOfPool = 1, kBadLength = 2, kMalformed = 3 };
+
+template <class T>
+std::optional<T> read(const void* header, std::size_t length) {
+  if (length != sizeof(T) || header == nullptr) return std::nullopt;
+  T out;
+  std::memcpy(&out, header, sizeof(T));
+  return out;
+}
+
+}  // namespace kvnode::transfer::wire
