@@ -22,7 +22,7 @@ Usage: ./dev.sh COMMAND
   test    build build-sanitize/ (ASan+UBSan) and run ctest, then build build-fuzz/ (clang-14)
           and run each fuzz_* target for KVNODE_FUZZ_SECONDS in total (default 60)
   demo    build, then run kvctl doctor and a wire/keys round trip
-  bench   build, then run every build/bin/bench_*
+  bench   build, then run every build/bin/bench_* and kvbench transfer --quick
   help    show this text
 
 Each command first installs missing Debian packages (apt-get, needs root).
@@ -178,6 +178,8 @@ cmd_bench() {
     echo "== $bench"
     "$bench" --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
   done
+  echo "== build/bin/kvbench transfer --quick"
+  build/bin/kvbench transfer --quick
 }
 
 main() {

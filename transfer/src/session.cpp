@@ -180,7 +180,7 @@ void Session::post(Xfer& x) {
   x.plan = std::move(plan).value();
   x.run_state.assign(x.plan.runs.size(), 0);
   x.open_runs = static_cast<std::uint32_t>(x.plan.runs.size());
-  if (protocol_ == Protocol::kRma)
+  if (use_rma(x))
     post_rma(x);
   else
     post_am(x);
@@ -192,6 +192,21 @@ void Session::track(ucs_status_ptr_t request, Op op) {
   if (UCS_PTR_IS_ERR(request)) return completed(op, UCS_PTR_STATUS(request));
   op.request = request;
   ops_.push_back(std::move(op));
+}
+
+bool Session::use_rma(Xfer& x) const {
+  if (protocol_ != Protocol::kRma) return false;
+  // Measured (docs/benchmarks.md): cma reads beat cma writes, so a large push between processes
+  // of one host goes as an active-message rendezvous, which the receiver completes by reading.
+  if (requested_ == Protocol::kAuto && !x.pull && transport_ == "cma") {
+    const std::uint64_t bytes = span_bytes(static_cast<std::uint32_t>(x.pages.size()));
+    if (bytes / x.plan.runs.size() >= kCmaPushViaAmBytes) {
+      x.stats.protocol = Protocol::kActiveMessage;
+      x.stats.transport = "sysv+cma";
+      return false;
+    }
+  }
+  return true;
 }
 
 void Session::settle(ucs_status_ptr_t request) {

@@ -153,6 +153,8 @@ class Session {
         worker_(std::move(worker)) {}
   Status install_handlers();
   void post(Xfer& x);
+  bool use_rma(Xfer& x) const;
+  static constexpr std::uint64_t kCmaPushViaAmBytes = 8 << 20;  // per run, on average
   void post_rma(Xfer& x);
   void post_am(Xfer& x);
   void track(ucs_status_ptr_t request, Op op);

@@ -1,0 +1,110 @@
+#include "baselines.hpp"
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+#include <thread>
+
+extern char** environ;
+
+namespace kvnode::bench {
+namespace {
+
+std::uint16_t free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  std::uint16_t port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+std::string env_prefix(const std::string& tls) {
+  if (tls.empty()) return "env -u UCX_TLS -u UCX_NET_DEVICES ";
+  std::string out = "env UCX_TLS=" + tls + " ";
+  if (tls.find("tcp") != std::string::npos) out += "UCX_NET_DEVICES=lo ";
+  return out;
+}
+
+// The "Final:" row: iterations, then latency 50%/avg/overall, then bandwidth avg/overall (MB/s).
+std::optional<double> parse_final(const std::string& text) {
+  const auto at = text.rfind("Final:");
+  if (at == std::string::npos) return std::nullopt;
+  std::istringstream row(text.substr(at + 6));
+  double v[6];
+  for (double& x : v)
+    if (!(row >> x)) return std::nullopt;
+  return v[5] * 1024.0 * 1024.0 / 1e9;
+}
+
+std::string run_capture(const std::string& command) {
+  std::string out;
+  FILE* p = ::popen(command.c_str(), "r");
+  if (!p) return out;
+  char buffer[4096];
+  while (std::size_t n = std::fread(buffer, 1, sizeof(buffer), p)) out.append(buffer, n);
+  ::pclose(p);
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> perftest_candidates(const std::string& tls) {
+  const bool tcp_only = !tls.empty() && tls.find("tcp") != std::string::npos &&
+                        tls.find("shm") == std::string::npos && tls.find("cma") == std::string::npos &&
+                        tls.find("rc") == std::string::npos;
+  if (tcp_only) return {"ucp_am_bw", "tag_bw"};
+  return {"ucp_put_bw", "ucp_get"};
+}
+
+std::vector<PerftestResult> run_perftest(const std::string& tls, std::size_t bytes,
+                                         const std::vector<std::string>& tests) {
+  std::vector<PerftestResult> out;
+  const std::size_t iterations = std::clamp<std::size_t>((std::size_t{1} << 30) / bytes, 10, 2000);
+  const std::size_t warmup = std::max<std::size_t>(2, iterations / 10);
+  for (const std::string& test : tests) {
+    const std::uint16_t port = free_port();
+    // The server serves one test, then exits; the shell wrapper bounds it in case the client fails.
+    const std::string server = env_prefix(tls) + "timeout 60 ucx_perftest -p " + std::to_string(port) +
+                               " >/dev/null 2>&1 &";
+    if (std::system(server.c_str()) != 0) continue;
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    const std::string client = env_prefix(tls) + "timeout 60 ucx_perftest 127.0.0.1 -p " +
+                               std::to_string(port) + " -t " + test + " -s " + std::to_string(bytes) +
+                               " -n " + std::to_string(iterations) + " -w " +
+                               std::to_string(warmup) + " 2>&1";
+    if (const auto gbps = parse_final(run_capture(client))) out.push_back({test, *gbps});
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return out;
+}
+
+double memcpy_gbps(std::size_t bytes, int rounds) {
+  std::vector<char> a(bytes, 1), b(bytes, 2);  // touched: no page faults in the timing
+  std::vector<double> samples;
+  for (int i = 0; i < rounds; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(b.data(), a.data(), bytes);
+    const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
+    samples.push_back(static_cast<double>(bytes) / dt.count() / 1e9);
+    a[static_cast<std::size_t>(i) % bytes] = b[0];  // keep the copy observable
+  }
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
+
+}  // namespace kvnode::bench

@@ -1,0 +1,50 @@
+// kvbench transfer: the plane's throughput and latency per transport, chunk size, batch and
+// direction, between this process and a `kvbench serve` child on loopback.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace kvnode::bench {
+
+struct PointSpec {
+  std::string tls;  // UCX_TLS for both processes; empty: UCX's default (shm + cma on one host)
+  std::size_t chunk_bytes = 2 << 20;
+  std::size_t batch = 8;
+  bool pull = true;
+  std::string protocol = "auto";  // auto, rma, am
+};
+
+struct PointResult {
+  PointSpec spec;
+  double gbps = 0;
+  double chunks_per_s = 0;
+  double p50_us = 0;
+  double p99_us = 0;
+  std::size_t iterations = 0;
+  std::string protocol;   // what the plane chose
+  std::string transport;  // the UCX transport that carried the bytes
+  std::string error;      // empty when the point ran
+};
+
+struct GroupSpec {
+  std::string self;  // this executable, to start the serving child
+  std::string tls;
+  std::size_t chunk_bytes = 0;
+  std::vector<std::size_t> batches;
+  std::vector<bool> ops;  // true: pull
+  std::string protocol = "auto";
+  std::size_t max_iterations = 100;
+  std::chrono::milliseconds budget{1500};  // per point, after at least 3 iterations
+};
+
+// One serving child for the whole group; points run one after another.
+std::vector<PointResult> run_group(const GroupSpec& group);
+
+// The child side: a plane over a pool of `pages` chunks, url written to port_file, serves until
+// SIGTERM.
+int serve(const std::string& port_file, std::size_t chunk_bytes, std::size_t pages);
+
+}  // namespace kvnode::bench
