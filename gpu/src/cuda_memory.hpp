@@ -14,3 +14,12 @@ Result<void*> cuda_device_alloc(std::size_t bytes, int device);
 void cuda_device_free(void* p, int device);
 
 }  // namespace kvnode::gpu::detail
+
+namespace kvnode::gpu::detail {
+
+// A dma-buf file descriptor for [p, p + bytes) of device memory, from the driver's
+// cuMemGetHandleForAddressRange reached through cudaGetDriverEntryPointByVersion (kvnode never
+// links libcuda). The caller closes it.
+Result<int> cuda_dmabuf_fd(void* p, std::size_t bytes);
+
+}  // namespace kvnode::gpu::detail

@@ -8,6 +8,8 @@
 #include <set>
 #include <thread>
 
+#include "kvnode/gpu/copy_engine.hpp"
+#include "kvnode/gpu/device_probe.hpp"
 #include "kvnode/transfer/descriptor.hpp"
 #include "kvnode/transfer/listener.hpp"
 #include "kvnode/transfer/plane.hpp"
@@ -102,7 +104,10 @@ TEST(Lanes, APackedRkeyMustHoldWhatItsHeaderAnnounces) {
 struct Setup {
   const char* name;
   const char* tls;  // nullptr: UCX's default (shared memory within a host)
-  Protocol protocol;
+  Protocol protocol;  // asked for
+  Protocol expected;  // used
+  bool stage_a = false;  // A's pool goes through a staging ring (memcpy standing in for CUDA)
+  bool stage_b = false;
 };
 
 class TwoPlanes : public ::testing::TestWithParam<Setup> {
@@ -116,6 +121,7 @@ class TwoPlanes : public ::testing::TestWithParam<Setup> {
     o.protocol = GetParam().protocol;
     return o;
   }
+  bool staged() const { return GetParam().stage_a || GetParam().stage_b; }
 };
 
 TEST_P(TwoPlanes, PullPushAndTheWriteNotice) {
@@ -125,21 +131,25 @@ TEST_P(TwoPlanes, PullPushAndTheWriteNotice) {
   std::mutex mutex;
   std::vector<gpu::PageId> written;
   std::string writer;
+  PlaneOptions a_options = options();
+  a_options.stage_through_host = GetParam().stage_a;
   PlaneOptions b_options = options();
+  b_options.stage_through_host = GetParam().stage_b;
   b_options.on_written = [&](const std::string& peer, const std::vector<gpu::PageId>& pages) {
     std::lock_guard lock(mutex);
     writer = peer;
     written.insert(written.end(), pages.begin(), pages.end());
   };
-  auto a = must(TransferPlane::start(options(), a_pool));
+  auto a = must(TransferPlane::start(a_options, a_pool));
   auto b = must(TransferPlane::start(b_options, b_pool));
 
   std::memset(a_pool.region().data(), 0xEE, a_pool.region().size());
   const std::vector<PageCopy> pull = {{0, 5}, {1, 6}, {2, 7}, {9, 1}};
   const TransferResult r = a->pull(b->url(), pull).get();
   ASSERT_TRUE(r.ok()) << to_string(r.failure) << ": " << r.message;
-  EXPECT_EQ(r.stats.protocol, GetParam().protocol);
-  EXPECT_EQ(r.stats.ops, GetParam().protocol == Protocol::kRma ? 2u : 1u);  // 2 runs; AM: 1 request
+  EXPECT_EQ(r.stats.protocol, GetParam().expected);
+  // 2 runs (1 page each when staged); AM sends them as one request message.
+  EXPECT_EQ(r.stats.ops, GetParam().expected == Protocol::kRma ? 2u : 1u);
   for (const PageCopy& p : pull)
     EXPECT_EQ(test::check_pattern(a_pool.page(p.local), kPageBytes, 2, p.remote), kPageBytes);
 
@@ -163,11 +173,94 @@ TEST_P(TwoPlanes, PullPushAndTheWriteNotice) {
 
 INSTANTIATE_TEST_SUITE_P(
     Matrix, TwoPlanes,
-    ::testing::Values(Setup{"tcp_am", "tcp", Protocol::kActiveMessage},
-                      Setup{"tcp_rma", "tcp", Protocol::kRma},
-                      Setup{"shm_am", nullptr, Protocol::kActiveMessage},
-                      Setup{"shm_rma", nullptr, Protocol::kRma}),
+    ::testing::Values(
+        Setup{"tcp_am", "tcp", Protocol::kActiveMessage, Protocol::kActiveMessage},
+        Setup{"tcp_rma", "tcp", Protocol::kRma, Protocol::kRma},
+        Setup{"shm_am", nullptr, Protocol::kActiveMessage, Protocol::kActiveMessage},
+        Setup{"shm_rma", nullptr, Protocol::kRma, Protocol::kRma},
+        Setup{"shm_auto", nullptr, Protocol::kAuto, Protocol::kRma},
+        // Staging rings, as device pools use them, on either side or both.
+        Setup{"tcp_staged_both", "tcp", Protocol::kAuto, Protocol::kActiveMessage, true, true},
+        Setup{"shm_staged_initiator", nullptr, Protocol::kAuto, Protocol::kActiveMessage, true, false},
+        Setup{"shm_staged_server", nullptr, Protocol::kRma, Protocol::kActiveMessage, false, true}),
     [](const auto& info) { return std::string(info.param.name); });
+
+TEST(Staging, MoreChunksThanSlotsWaitTheirTurn) {
+  constexpr std::size_t kPageBytes = 64 << 10;
+  gpu::ChunkPool a_pool = make_pool(kPageBytes, 48, 1);
+  gpu::ChunkPool b_pool = make_pool(kPageBytes, 96, 2);
+  for (const char* tls : {"tcp", static_cast<const char*>(nullptr)}) {
+    SCOPED_TRACE(tls ? tls : "default");
+    PlaneOptions o;
+    if (tls) {
+      o.tls = tls;
+      o.net_devices = "lo";
+    }
+    o.stage_through_host = true;
+    o.staging_slots = 2;
+    auto a = must(TransferPlane::start(o, a_pool));
+    auto b = must(TransferPlane::start(o, b_pool));
+    std::memset(a_pool.region().data(), 0xEE, a_pool.region().size());
+    std::vector<PageCopy> pull;
+    for (gpu::PageId p = 0; p < 48; ++p) pull.push_back({p, 95 - p});
+    const TransferResult r = a->pull(b->url(), pull).get();
+    ASSERT_TRUE(r.ok()) << r.message;
+    for (const PageCopy& p : pull)
+      ASSERT_EQ(test::check_pattern(a_pool.page(p.local), kPageBytes, 2, p.remote), kPageBytes);
+    std::vector<PageCopy> push;
+    for (gpu::PageId p = 0; p < 48; ++p) {
+      test::fill_pattern(a_pool.page(p), kPageBytes, 5, p);
+      push.push_back({p, p});
+    }
+    const TransferResult w = a->push(b->url(), push).get();
+    ASSERT_TRUE(w.ok()) << w.message;
+    for (gpu::PageId p = 0; p < 48; ++p)
+      ASSERT_EQ(test::check_pattern(b_pool.page(p), kPageBytes, 5, p), kPageBytes);
+    EXPECT_EQ(w.stats.ops, 48u);  // one page per run through a slot
+    for (gpu::PageId p = 0; p < 96; ++p)  // restore B's pattern for the next transport
+      test::fill_pattern(b_pool.page(p), kPageBytes, 2, p);
+  }
+}
+
+// A device pool (cudaMalloc) moving through the pinned staging ring, and a pinned pool
+// registered directly. Runs where a GPU is present; elsewhere it says why it skipped.
+TEST(DevicePool, PullAndPushThroughThePinnedStagingRing) {
+  const gpu::CudaProbe cuda = gpu::probe_cuda();
+  if (cuda.devices.empty()) GTEST_SKIP() << "needs a CUDA GPU: " << cuda.note;
+  constexpr std::size_t kPageBytes = 2 << 20;
+  gpu::PoolOptions device;
+  device.page_bytes = kPageBytes;
+  device.pages = 16;
+  device.region.kind = gpu::MemoryKind::kDevice;
+  gpu::ChunkPool gpu_pool = must(gpu::ChunkPool::create(device));
+  gpu::PoolOptions pinned = device;
+  pinned.region.kind = gpu::MemoryKind::kPinnedHost;
+  gpu::ChunkPool pinned_pool = must(gpu::ChunkPool::create(pinned));
+  for (gpu::PageId p = 0; p < 16; ++p) test::fill_pattern(pinned_pool.page(p), kPageBytes, 8, p);
+  auto on_gpu = must(TransferPlane::start(PlaneOptions{}, gpu_pool));
+  auto host = must(TransferPlane::start(PlaneOptions{}, pinned_pool));
+  std::vector<PageCopy> pages;
+  for (gpu::PageId p = 0; p < 16; ++p) pages.push_back({p, 15 - p});
+  const TransferResult r = on_gpu->pull(host->url(), pages).get();
+  ASSERT_TRUE(r.ok()) << r.message;
+  auto engine = must(gpu::make_cuda_copy_engine(gpu_pool.region().device()));
+  std::vector<std::byte> back(kPageBytes);
+  auto read_back = [&](gpu::PageId p) {
+    const auto ticket = must(engine->copy(back.data(), gpu_pool.page(p), kPageBytes));
+    while (!must(engine->done(ticket))) {
+    }
+  };
+  for (const PageCopy& p : pages) {
+    read_back(p.local);
+    ASSERT_EQ(test::check_pattern(back.data(), kPageBytes, 8, p.remote), kPageBytes);
+  }
+  std::vector<PageCopy> home;  // device pages back into other pinned pages, reversed again
+  for (gpu::PageId p = 0; p < 8; ++p) home.push_back({p, p});
+  const TransferResult w = on_gpu->push(host->url(), home).get();
+  ASSERT_TRUE(w.ok()) << w.message;
+  for (gpu::PageId p = 0; p < 8; ++p)
+    EXPECT_EQ(test::check_pattern(pinned_pool.page(p), kPageBytes, 8, 15 - p), kPageBytes);
+}
 
 // ---- Hostile peers ----------------------------------------------------------------------------
 

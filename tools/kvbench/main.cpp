@@ -47,7 +47,7 @@ int main(int argc, char** argv) {
   std::string op = "pull";
   std::size_t iters = 50;
   std::string protocol = "auto";
-  bool json = false, quick = false, table = false, no_baselines = false;
+  bool json = false, quick = false, table = false, no_baselines = false, stage = false;
   transfer->add_option("--tls", tls, "UCX_TLS for both processes; 'default' leaves it to UCX");
   transfer->add_option("--chunk-bytes", chunk_bytes, "bytes per chunk")->check(CLI::Range(std::size_t{4096}, std::size_t{1} << 30));
   transfer->add_option("--batch", batch, "chunks per transfer")->check(CLI::Range(1, 4096));
@@ -58,6 +58,8 @@ int main(int argc, char** argv) {
   transfer->add_flag("--quick", quick, "the whole table (tcp and default; 256 KiB, 2 MiB, 32 MiB; batches 1, 8, 64) in about a minute");
   transfer->add_flag("--table", table, "the whole table with longer runs per point");
   transfer->add_flag("--no-baselines", no_baselines, "skip ucx_perftest and memcpy");
+  transfer->add_flag("--stage", stage,
+                     "move both pools through staging slots (the device-pool path, memcpy for CUDA)");
 
   auto* serve_cmd = app.add_subcommand("serve", "(internal) the serving side of kvbench transfer");
   serve_cmd->group("");
@@ -66,12 +68,13 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--port-file", port_file)->required();
   serve_cmd->add_option("--chunk-bytes", chunk_bytes)->required();
   serve_cmd->add_option("--pages", pages)->required();
+  serve_cmd->add_flag("--stage", stage);
 
   CLI11_PARSE(app, argc, argv);
   // Logs go to stderr, so stdout stays a table or JSON lines; the serving child only reports errors.
   spdlog::set_default_logger(spdlog::stderr_color_mt("kvbench"));
   spdlog::set_level(serve_cmd->parsed() ? spdlog::level::err : spdlog::level::warn);
-  if (serve_cmd->parsed()) return serve(port_file, chunk_bytes, pages);
+  if (serve_cmd->parsed()) return serve(port_file, chunk_bytes, pages, stage);
 
   std::vector<GroupSpec> groups;
   const std::string self = self_path();
@@ -86,6 +89,7 @@ int main(int argc, char** argv) {
         g.batches = {1, 8, 64};
         g.ops = {true, false};
         g.protocol = protocol;
+        g.stage = stage;
         g.max_iterations = quick ? 20 : 200;
         g.budget = std::chrono::milliseconds(quick ? 250 : 2000);
         groups.push_back(g);
@@ -98,6 +102,7 @@ int main(int argc, char** argv) {
     g.batches = {batch};
     g.ops = {op == "pull"};
     g.protocol = protocol;
+    g.stage = stage;
     g.max_iterations = iters;
     g.budget = std::chrono::seconds(3600);
     groups.push_back(g);

@@ -41,8 +41,10 @@ class ServedPeer {
     const std::vector<std::string> args = {g.self, "serve", "--port-file", file_, "--chunk-bytes",
                                            std::to_string(g.chunk_bytes), "--pages",
                                            std::to_string(pages)};
+    std::vector<std::string> all = args;
+    if (g.stage) all.push_back("--stage");
     std::vector<char*> argv, envp;
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    for (const auto& a : all) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
@@ -148,6 +150,7 @@ std::vector<PointResult> run_group(const GroupSpec& g) {
   Result<transfer::Protocol> protocol = transfer::parse_protocol(g.protocol);
   if (!protocol) return fail_all(protocol.error().message);
   options.protocol = *protocol;
+  options.stage_through_host = g.stage;
   ServedPeer peer(g, pages);  // outlives the plane: no "peer lost" at the end
   if (peer.url().empty()) return fail_all("the serving child did not start");
   auto plane = transfer::TransferPlane::start(options, *pool);
@@ -158,7 +161,7 @@ std::vector<PointResult> run_group(const GroupSpec& g) {
   return results;
 }
 
-int serve(const std::string& port_file, std::size_t chunk_bytes, std::size_t pages) {
+int serve(const std::string& port_file, std::size_t chunk_bytes, std::size_t pages, bool stage) {
   transfer::prefer_port_reuse();
   gpu::PoolOptions po;
   po.page_bytes = chunk_bytes;
@@ -174,7 +177,9 @@ int serve(const std::string& port_file, std::size_t chunk_bytes, std::size_t pag
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);  // before the plane's thread starts
-  auto plane = transfer::TransferPlane::start(transfer::PlaneOptions{}, *pool);
+  transfer::PlaneOptions options;
+  options.stage_through_host = stage;
+  auto plane = transfer::TransferPlane::start(options, *pool);
   if (!plane) {
     std::fprintf(stderr, "kvbench serve: %s\n", plane.error().message.c_str());
     return 1;

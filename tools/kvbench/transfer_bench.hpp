@@ -36,6 +36,7 @@ struct GroupSpec {
   std::vector<std::size_t> batches;
   std::vector<bool> ops;  // true: pull
   std::string protocol = "auto";
+  bool stage = false;  // both pools through a staging ring (memcpy standing in for CUDA)
   std::size_t max_iterations = 100;
   std::chrono::milliseconds budget{1500};  // per point, after at least 3 iterations
 };
@@ -45,6 +46,6 @@ std::vector<PointResult> run_group(const GroupSpec& group);
 
 // The child side: a plane over a pool of `pages` chunks, url written to port_file, serves until
 // SIGTERM.
-int serve(const std::string& port_file, std::size_t chunk_bytes, std::size_t pages);
+int serve(const std::string& port_file, std::size_t chunk_bytes, std::size_t pages, bool stage);
 
 }  // namespace kvnode::bench

@@ -31,7 +31,7 @@ Error field_error(std::string_view field, std::string_view what) {
 ucx::Bytes encode(const PeerDescriptor& d) {
   msgpack::sbuffer buffer;
   msgpack::packer<msgpack::sbuffer> pk(buffer);
-  pk.pack_map(8);
+  pk.pack_map(9);
   pk.pack("node");
   pk.pack(d.node);
   pk.pack("worker_address");
@@ -48,6 +48,8 @@ ucx::Bytes encode(const PeerDescriptor& d) {
   pk.pack(d.host);
   pk.pack("instance");
   pk.pack(d.instance);
+  pk.pack("rma");
+  pk.pack(d.rma);
   ucx::Bytes out(buffer.size());
   std::memcpy(out.data(), buffer.data(), buffer.size());
   return out;
@@ -130,6 +132,9 @@ Result<PeerDescriptor> decode_descriptor(const ucx::Bytes& bytes) {
       if (v.type != msgpack::type::STR) return field_error(key, "expected a string");
       if (v.via.str.size > kMaxNode) return field_error(key, "longer than 1024 bytes");
       d.host.assign(v.via.str.ptr, v.via.str.size);
+    } else if (key == "rma") {
+      if (v.type != msgpack::type::BOOLEAN) return field_error(key, "expected a boolean");
+      d.rma = v.via.boolean;
     } else if (key == "instance") {
       s = uint(d.instance, std::numeric_limits<std::uint64_t>::max(), 0);
     } else if (key == "pages") {

@@ -98,6 +98,7 @@ class TransferPlane::Impl {
     pool_.page_bytes = pool.page_bytes();
     pool_.pages = static_cast<std::uint32_t>(pool.page_count());
     memory_kind_ = pool.region().kind();
+    device_ = pool.region().device();
   }
   ~Impl() { stop(); }
 
@@ -141,10 +142,16 @@ class TransferPlane::Impl {
   PlaneOptions options_;
   PoolView pool_;
   gpu::MemoryKind memory_kind_ = gpu::MemoryKind::kHost;
+  int device_ = 0;
+  Status start_staging();
+  const Staging* staging() const { return engine_ ? &staging_ : nullptr; }
   PeerDescriptor pool_descriptor_;  // ours; each session adds its worker address
   std::string url_;
 
   // Acquired in this order, released in reverse (sessions go first, on the thread).
+  std::unique_ptr<gpu::CopyEngine> engine_;  // set when the pool is staged
+  std::optional<gpu::ChunkPool> ring_;       // the staging slots, registered instead of the pool
+  Staging staging_;
   std::optional<ucx::Context> context_;
   std::optional<ucx::Registration> registration_;
   std::optional<ucx::Worker> worker_;
@@ -168,10 +175,34 @@ class TransferPlane::Impl {
 
 // ---- Start and stop ---------------------------------------------------------------------------
 
+Status TransferPlane::Impl::start_staging() {
+  // UCX as Debian builds it cannot register GPU memory, so device pools always stage; a UCX with
+  // CUDA support would let the pool be registered directly (not wired up yet).
+  gpu::PoolOptions ring;
+  ring.page_bytes = pool_.page_bytes;
+  ring.pages = options_.staging_slots;
+  if (memory_kind_ == gpu::MemoryKind::kDevice) {
+    Result<std::unique_ptr<gpu::CopyEngine>> engine = gpu::make_cuda_copy_engine(device_);
+    if (!engine) return engine.error();
+    engine_ = std::move(engine).value();
+    ring.region.kind = gpu::MemoryKind::kPinnedHost;
+  } else {
+    engine_ = gpu::make_host_copy_engine();
+  }
+  if (ring.pages == 0) return make_error("staging needs at least one slot");
+  Result<gpu::ChunkPool> slots = gpu::ChunkPool::create(ring);
+  if (!slots) return make_error("staging ring: " + slots.error().message);
+  ring_.emplace(std::move(slots).value());
+  staging_ = Staging{engine_.get(), &*ring_};
+  spdlog::info("transfer plane: {} pool staged through {} slots of {} bytes ({})",
+               gpu::to_string(memory_kind_), ring.pages, ring.page_bytes, engine_->name());
+  return {};
+}
+
 Status TransferPlane::Impl::init() {
-  if (memory_kind_ == gpu::MemoryKind::kDevice)
-    return make_error("transfer plane: device-memory pools need UCX built with CUDA or the "
-                      "pinned staging ring, neither of which this build has; use pinned or host");
+  if (memory_kind_ == gpu::MemoryKind::kDevice || options_.stage_through_host) {
+    if (Status s = start_staging(); !s) return s;
+  }
   ucx::ContextOptions co;
   co.tls = options_.tls;
   co.net_devices = options_.net_devices;
@@ -180,8 +211,10 @@ Status TransferPlane::Impl::init() {
   if (!context) return context.error();
   context_.emplace(std::move(context).value());
   const auto t0 = Clock::now();
-  Result<ucx::Registration> reg = ucx::Registration::map(*context_, pool_.base,
-                                                         pool_.page_bytes * pool_.pages);
+  // One registration for everything UCX touches: the pool, or the staging ring instead.
+  Result<ucx::Registration> reg =
+      ring_ ? ucx::Registration::map(*context_, ring_->region().data(), ring_->region().size())
+            : ucx::Registration::map(*context_, pool_.base, pool_.page_bytes * pool_.pages);
   if (!reg) return reg.error();
   registration_.emplace(std::move(reg).value());
   spdlog::info("transfer plane: registered {} pages of {} bytes in {} ms", pool_.pages,
@@ -198,6 +231,7 @@ Status TransferPlane::Impl::init() {
   pool_descriptor_.page_bytes = pool_.page_bytes;
   pool_descriptor_.pages = pool_.pages;
   pool_descriptor_.host = host_identity();
+  pool_descriptor_.rma = !ring_;
   pool_descriptor_.instance = std::random_device{}() | (std::uint64_t{std::random_device{}()} << 32);
 
   ucp_am_handler_param_t param{};
@@ -354,7 +388,8 @@ void TransferPlane::Impl::start(std::unique_ptr<Xfer> x) {
     return report(std::move(x));
   }
   Result<std::unique_ptr<Session>> session =
-      Session::create(*context_, Session::Role::kInitiator, x->peer, pool_, options_.protocol);
+      Session::create(*context_, Session::Role::kInitiator, x->peer, pool_, options_.protocol,
+                      staging());
   if (!session) {
     x->fail_all(Failure::kConnect, session.error().message);
     return report(std::move(x));
@@ -554,7 +589,7 @@ ucx::Bytes TransferPlane::Impl::answer(const ucx::Bytes& hello, ucp_ep_h control
     reset(*old->second, Failure::kReset, 0, "the peer said hello again");
   const std::string name = peer->node.empty() ? "unnamed peer" : peer->node;
   Result<std::unique_ptr<Session>> session =
-      Session::create(*context_, Session::Role::kAcceptor, name, pool_, options_.protocol);
+      Session::create(*context_, Session::Role::kAcceptor, name, pool_, options_.protocol, staging());
   if (!session) return encode_refusal(session.error().message);
   const bool same_host = peer->host == pool_descriptor_.host;
   if (Status s = (*session)->connect(std::move(peer).value(), same_host); !s) {

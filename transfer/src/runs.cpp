@@ -6,7 +6,7 @@
 namespace kvnode::transfer {
 
 Result<Plan> plan_runs(const std::vector<PageCopy>& pages, std::uint32_t local_pages,
-                       std::uint32_t remote_pages, bool pull) {
+                       std::uint32_t remote_pages, bool pull, std::uint32_t max_run) {
   if (pages.empty()) return make_error("no pages to move");
   std::vector<std::uint8_t> written(pull ? local_pages : remote_pages, 0);
   for (std::size_t i = 0; i < pages.size(); ++i) {
@@ -31,7 +31,8 @@ Result<Plan> plan_runs(const std::vector<PageCopy>& pages, std::uint32_t local_p
     const PageCopy& p = pages[plan.chunk_order[k]];
     if (!plan.runs.empty()) {
       Run& last = plan.runs.back();
-      if (p.local == last.local + last.count && p.remote == last.remote + last.count) {
+      if (last.count < max_run && p.local == last.local + last.count &&
+          p.remote == last.remote + last.count) {
         ++last.count;
         continue;
       }

@@ -26,7 +26,8 @@ struct Plan {
 
 // Sorts by remote page and merges pairs adjacent on both sides. Refuses an empty request, a page
 // outside either pool, and a page written twice (the local side of a pull, the remote of a push).
+// `max_run` caps a run's pages (1 where chunks go through a one-page staging slot).
 Result<Plan> plan_runs(const std::vector<PageCopy>& pages, std::uint32_t local_pages,
-                       std::uint32_t remote_pages, bool pull);
+                       std::uint32_t remote_pages, bool pull, std::uint32_t max_run = UINT32_MAX);
 
 }  // namespace kvnode::transfer

@@ -79,11 +79,11 @@ bool rendezvous(const ucp_am_recv_param_t* p) { return p->recv_attr & UCP_AM_REC
 
 Result<std::unique_ptr<Session>> Session::create(const ucx::Context& context, Role role,
                                                  std::string peer, const PoolView& pool,
-                                                 Protocol protocol) {
+                                                 Protocol protocol, const Staging* staging) {
   Result<ucx::Worker> worker = ucx::Worker::create(context);
   if (!worker) return worker.error();
   std::unique_ptr<Session> s(
-      new Session(role, std::move(peer), pool, protocol, std::move(worker).value()));
+      new Session(role, std::move(peer), pool, protocol, staging, std::move(worker).value()));
   Result<int> fd = s->worker_.event_fd();
   if (!fd) return fd.error();
   s->event_fd_ = *fd;
@@ -102,8 +102,20 @@ Status Session::install_handlers() {
 }
 
 Session::~Session() {
-  for (Op& op : ops_)
+  // Copies cannot be cancelled: let them land (they take microseconds) before the slots and
+  // pages they touch are handed on.
+  const auto until = Clock::now() + std::chrono::seconds(5);
+  for (Copy& c : copies_) {
+    while (Clock::now() < until) {
+      Result<bool> done = staging_->engine->done(c.ticket);
+      if (!done || *done) break;
+    }
+    if (c.slot) slot_return_.slots.push_back(*c.slot);
+  }
+  for (Op& op : ops_) {
     if (op.request) ucp_request_free(op.request);
+    if (op.slot) slot_return_.slots.push_back(*op.slot);
+  }
   for (Deferred& d : deferred_)
     if (d.desc) ucp_am_data_release(worker_.get(), d.desc);
   rkey_.reset();
@@ -128,7 +140,8 @@ Status Session::connect(PeerDescriptor peer, bool same_host) {
   if (!key) return key.error();
   rkey_.emplace(std::move(key).value());
   const EndpointLanes lanes = endpoint_lanes(endpoint_->get());
-  switch (requested_) {
+  const bool one_sided_possible = !staging_ && peer.rma;
+  switch (one_sided_possible ? requested_ : Protocol::kActiveMessage) {
     case Protocol::kRma: protocol_ = Protocol::kRma; break;
     case Protocol::kActiveMessage: protocol_ = Protocol::kActiveMessage; break;
     case Protocol::kAuto:
@@ -171,7 +184,7 @@ void Session::post(Xfer& x) {
   x.stats.queued = x.posted - x.submitted;
   x.stats.protocol = protocol_;
   x.stats.transport = transport_;
-  Result<Plan> plan = plan_runs(x.pages, pool_.pages, remote_.pages, x.pull);
+  Result<Plan> plan = plan_runs(x.pages, pool_.pages, remote_.pages, x.pull, max_run());
   if (!plan) {
     spdlog::warn("transfer {} to {} refused: {}", x.id, peer_, plan.error().message);
     x.fail_all(Failure::kInvalid, plan.error().message);
@@ -257,6 +270,14 @@ void Session::post_am(Xfer& x) {
     return;
   }
   for (std::uint32_t r = 0; r < runs.size(); ++r) {
+    if (staging_) {  // copied into a slot first, sent from there (landed(kPushStaged))
+      Deferred d(OpKind::kPushStage);
+      d.transfer = x.id;
+      d.run_index = r;
+      stalled_.push_back(std::move(d));
+      ++x.stats.ops;
+      continue;
+    }
     Op& op = ops_.emplace_back(Op(OpKind::kPushSend, x.id, r));
     op.push = wire::PushHeader{x.id, wire::RunRequest{r, runs[r].remote, runs[r].count}};
     ++x.stats.ops;
@@ -273,6 +294,29 @@ Xfer* Session::find(TransferId id) {
 void Session::completed(Op& op, ucs_status_t st) {
   Xfer* x = op.xfer ? find(op.xfer) : nullptr;
   const bool ok = st == UCS_OK;
+  if (op.slot && (op.kind == OpKind::kPushSend || op.kind == OpKind::kServeSend)) give_slot(*op.slot);
+  if (op.slot && op.kind == OpKind::kPullRecv) {
+    const gpu::PageId slot = *op.slot;
+    if (!x || !ok) {
+      give_slot(slot);
+      if (x) x->fail_run(op.run, Failure::kPeerLost, status_text("reading from the peer", st));
+      return;
+    }
+    Copy c{0, CopyKind::kPullLanded, x->id, op.run, slot, {}, {}};
+    return start_copy(c, pool_.page(x->plan.runs[op.run].local), slot_bytes(slot), pool_.page_bytes);
+  }
+  if (op.slot && op.kind == OpKind::kServeRecv) {
+    const wire::RunRequest target = op.runs.at(0);
+    const wire::RunHeader header{op.push.transfer, target.run, wire::kOk};
+    if (!ok) {
+      give_slot(*op.slot);
+      send_run_header(OpKind::kAck, wire::kPushAck, {header.transfer, header.run, wire::kMalformed},
+                      status_text("receiving", st));
+      return;
+    }
+    Copy c{0, CopyKind::kServeLanded, 0, 0, op.slot, header, target};
+    return start_copy(c, pool_.page(target.first), slot_bytes(*op.slot), span_bytes(target.count));
+  }
   switch (op.kind) {
     case OpKind::kGet:
     case OpKind::kPullRecv:
@@ -333,6 +377,8 @@ void Session::completed(Op& op, ucs_status_t st) {
     }
     case OpKind::kAck:
     case OpKind::kNotify:
+    case OpKind::kPushStage:
+    case OpKind::kServeStage:
       break;
   }
 }
@@ -356,9 +402,19 @@ unsigned Session::progress() {
   while (!deferred_.empty()) {
     Deferred d = std::move(deferred_.front());
     deferred_.pop_front();
+    if (needs_slot(d))
+      stalled_.push_back(std::move(d));  // in order, behind earlier work waiting for a slot
+    else
+      serve(d);
+    ++n;
+  }
+  while (!stalled_.empty() && (!needs_slot(stalled_.front()) || staging_->ring->free_pages() > 0)) {
+    Deferred d = std::move(stalled_.front());
+    stalled_.pop_front();
     serve(d);
     ++n;
   }
+  if (staging_) n += poll_copies();
   for (auto it = ops_.begin(); it != ops_.end();) {
     if (it->request == nullptr) {
       ++it;
@@ -400,6 +456,19 @@ void Session::serve(Deferred& d) {
           send_run_header(OpKind::kAck, wire::kPullReject, {d.transfer, r.run, wire::kOutOfPool}, why);
           continue;
         }
+        if (staging_) {  // one page per run, through a slot (landed(kServeStaged) sends it)
+          if (r.count != 1) {
+            ++serve_.rejected;
+            send_run_header(OpKind::kAck, wire::kPullReject, {d.transfer, r.run, wire::kBadLength},
+                            "this node stages chunks through host memory: one page per run");
+            continue;
+          }
+          Deferred stage(OpKind::kServeStage);
+          stage.transfer = d.transfer;
+          stage.runs = {r};
+          stalled_.push_back(std::move(stage));
+          continue;
+        }
         Op& op = ops_.emplace_back(Op(OpKind::kServeSend, 0, 0));
         op.run_header = wire::RunHeader{d.transfer, r.run, wire::kOk};
         op.runs = {r};
@@ -416,8 +485,13 @@ void Session::serve(Deferred& d) {
       }
       const Run& run = x->plan.runs[d.run.run];
       void* desc = std::exchange(d.desc, nullptr);
-      track(ucp_am_recv_data_nbx(worker_.get(), desc, pool_.page(run.local), d.length, &param),
-            Op(OpKind::kPullRecv, x->id, d.run.run));
+      Op op(OpKind::kPullRecv, x->id, d.run.run);
+      std::byte* into = pool_.page(run.local);
+      if (staging_) {
+        op.slot = take_slot();
+        into = slot_bytes(*op.slot);
+      }
+      track(ucp_am_recv_data_nbx(worker_.get(), desc, into, d.length, &param), std::move(op));
       break;
     }
     case OpKind::kServeRecv: {  // a rendezvous carrying a run pushed into our pool (checked)
@@ -425,9 +499,28 @@ void Session::serve(Deferred& d) {
       op.push = d.push;
       op.runs = {d.push.target};
       void* desc = std::exchange(d.desc, nullptr);
-      track(ucp_am_recv_data_nbx(worker_.get(), desc, pool_.page(d.push.target.first), d.length,
-                                 &param),
-            std::move(op));
+      std::byte* into = pool_.page(d.push.target.first);
+      if (staging_) {
+        op.slot = take_slot();
+        into = slot_bytes(*op.slot);
+      }
+      track(ucp_am_recv_data_nbx(worker_.get(), desc, into, d.length, &param), std::move(op));
+      break;
+    }
+    case OpKind::kPushStage: {  // our push, staged: page -> slot, then sent (landed)
+      Xfer* x = find(d.transfer);
+      if (!x || x->run_state[d.run_index] != 0) break;
+      const Run& run = x->plan.runs[d.run_index];
+      const gpu::PageId slot = *take_slot();
+      Copy c{0, CopyKind::kPushStaged, x->id, d.run_index, slot, {}, {}};
+      start_copy(c, slot_bytes(slot), pool_.page(run.local), pool_.page_bytes);
+      break;
+    }
+    case OpKind::kServeStage: {  // a peer's pull, staged: page -> slot, then sent (landed)
+      const wire::RunRequest r = d.runs.at(0);
+      const gpu::PageId slot = *take_slot();
+      Copy c{0, CopyKind::kServeStaged, 0, 0, slot, {d.transfer, r.run, wire::kOk}, r};
+      start_copy(c, slot_bytes(slot), pool_.page(r.first), pool_.page_bytes);
       break;
     }
     case OpKind::kAck:
@@ -481,6 +574,101 @@ std::optional<TransferId> Session::expired(Clock::time_point now) const {
   return std::nullopt;
 }
 
+// ---- Staging ----------------------------------------------------------------------------------
+
+bool Session::needs_slot(const Deferred& d) const {
+  if (!staging_) return false;
+  return d.kind == OpKind::kPullRecv || d.kind == OpKind::kServeRecv ||
+         d.kind == OpKind::kPushStage || d.kind == OpKind::kServeStage;
+}
+
+std::optional<gpu::PageId> Session::take_slot() { return staging_->ring->allocate(); }
+
+void Session::give_slot(gpu::PageId slot) { (void)staging_->ring->release(slot); }
+
+void Session::start_copy(Copy copy, void* dst, const void* src, std::size_t bytes) {
+  Result<gpu::CopyEngine::Ticket> ticket = staging_->engine->copy(dst, src, bytes);
+  if (!ticket) return landed(copy, Status{ticket.error()});
+  copy.ticket = *ticket;
+  copies_.push_back(copy);
+}
+
+unsigned Session::poll_copies() {
+  unsigned n = 0;
+  for (auto it = copies_.begin(); it != copies_.end();) {
+    Result<bool> done = staging_->engine->done(it->ticket);
+    if (done && !*done) {
+      ++it;
+      continue;
+    }
+    Copy c = *it;
+    it = copies_.erase(it);
+    landed(c, done ? Status{} : Status{done.error()});
+    ++n;
+  }
+  return n;
+}
+
+void Session::landed(Copy& c, const Status& status) {
+  ucp_request_param_t param{};
+  switch (c.kind) {
+    case CopyKind::kPullLanded: {
+      if (c.slot) give_slot(*c.slot);
+      Xfer* x = find(c.xfer);
+      if (!x) break;
+      if (status)
+        x->finish_run(c.run);
+      else
+        x->fail_run(c.run, Failure::kRejected, "copying into the local page: " + status.error().message);
+      break;
+    }
+    case CopyKind::kPushStaged: {
+      Xfer* x = find(c.xfer);
+      if (!x || !status || x->run_state[c.run] != 0) {
+        give_slot(*c.slot);
+        if (x && !status)
+          x->fail_run(c.run, Failure::kRejected, "copying out of the local page: " + status.error().message);
+        break;
+      }
+      const Run& run = x->plan.runs[c.run];
+      Op& op = ops_.emplace_back(Op(OpKind::kPushSend, x->id, c.run));
+      op.push = wire::PushHeader{x->id, wire::RunRequest{c.run, run.remote, run.count}};
+      op.slot = c.slot;
+      settle(ucp_am_send_nbx(endpoint_->get(), wire::kPushData, &op.push, sizeof(op.push),
+                             slot_bytes(*c.slot), pool_.page_bytes, &param));
+      break;
+    }
+    case CopyKind::kServeStaged: {
+      if (!status) {
+        give_slot(*c.slot);
+        send_run_header(OpKind::kAck, wire::kPullReject,
+                        {c.header.transfer, c.header.run, wire::kMalformed}, status.error().message);
+        break;
+      }
+      Op& op = ops_.emplace_back(Op(OpKind::kServeSend));
+      op.run_header = c.header;
+      op.runs = {c.target};
+      op.slot = c.slot;
+      settle(ucp_am_send_nbx(endpoint_->get(), wire::kPullData, &op.run_header,
+                             sizeof(op.run_header), slot_bytes(*c.slot), pool_.page_bytes, &param));
+      break;
+    }
+    case CopyKind::kServeLanded: {
+      if (c.slot) give_slot(*c.slot);
+      if (status) {
+        serve_.bytes += span_bytes(c.target.count);
+        std::vector<gpu::PageId> pages(c.target.count);
+        for (std::uint32_t i = 0; i < c.target.count; ++i) pages[i] = c.target.first + i;
+        written_.push_back(std::move(pages));
+      }
+      send_run_header(OpKind::kAck, wire::kPushAck,
+                      {c.header.transfer, c.header.run, status ? wire::kOk : wire::kMalformed},
+                      status ? "" : status.error().message);
+      break;
+    }
+  }
+}
+
 // ---- Active-message handlers (inside ucp_worker_progress: record, never send) -----------------
 
 ucs_status_t Session::on_pull_request(void* arg, const void* header, std::size_t header_length,
@@ -523,6 +711,11 @@ ucs_status_t Session::on_pull_data(void* arg, const void* header, std::size_t he
     s->deferred_.push_back(std::move(d));
     return UCS_INPROGRESS;  // keeps `data` for ucp_am_recv_data_nbx
   }
+  if (s->staging_) {
+    s->start_copy(Copy{0, CopyKind::kPullLanded, x->id, h->run, std::nullopt, {}, {}},
+                  s->pool_.page(run.local), data, length);
+    return UCS_OK;
+  }
   std::memcpy(s->pool_.page(run.local), data, length);
   x->finish_run(h->run);
   return UCS_OK;
@@ -557,7 +750,7 @@ ucs_status_t Session::on_push_data(void* arg, const void* header, std::size_t he
   }
   const wire::RunRequest& t = h->target;
   const bool in_pool = t.count > 0 && t.first < s->pool_.pages && t.count <= s->pool_.pages - t.first;
-  if (!in_pool || length != s->span_bytes(t.count)) {
+  if (!in_pool || length != s->span_bytes(t.count) || (s->staging_ && t.count != 1)) {
     ++s->serve_.rejected;
     spdlog::warn("push {} from {} rejected: pages {}+{} ({} bytes) do not fit this pool of {} x {}",
                  h->transfer, s->peer_, t.first, t.count, length, s->pool_.pages, s->pool_.page_bytes);
@@ -573,6 +766,12 @@ ucs_status_t Session::on_push_data(void* arg, const void* header, std::size_t he
     d.push = *h;
     s->deferred_.push_back(std::move(d));
     return UCS_INPROGRESS;
+  }
+  if (s->staging_) {
+    s->start_copy(Copy{0, CopyKind::kServeLanded, 0, 0, std::nullopt,
+                       {h->transfer, t.run, wire::kOk}, t},
+                  s->pool_.page(t.first), data, length);
+    return UCS_OK;
   }
   std::memcpy(s->pool_.page(t.first), data, length);
   s->serve_.bytes += length;

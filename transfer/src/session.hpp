@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "kvnode/gpu/copy_engine.hpp"
 #include "kvnode/transfer/descriptor.hpp"
 #include "kvnode/transfer/plane.hpp"
 #include "kvnode/transfer/ucx_handles.hpp"
@@ -34,6 +35,13 @@ struct PoolView {
   std::size_t page_bytes = 0;
   std::uint32_t pages = 0;
   std::byte* page(gpu::PageId p) const { return base + static_cast<std::size_t>(p) * page_bytes; }
+};
+
+// Where chunks of a pool UCX cannot touch go through: one-page slots of registered host memory,
+// filled and drained by a copy engine (cudaMemcpyAsync, or memcpy as a stand-in).
+struct Staging {
+  gpu::CopyEngine* engine = nullptr;
+  gpu::ChunkPool* ring = nullptr;
 };
 
 // A transfer this plane started.
@@ -70,7 +78,7 @@ class Session {
 
   static Result<std::unique_ptr<Session>> create(const ucx::Context& context, Role role,
                                                  std::string peer, const PoolView& pool,
-                                                 Protocol protocol);
+                                                 Protocol protocol, const Staging* staging);
   ~Session();
 
   // Initiator: the descriptor to send in the hello / acceptor: the one to answer with.
@@ -124,7 +132,8 @@ class Session {
 
  private:
   enum class OpKind { kGet, kPut, kFlush, kPullRequest, kPushSend, kServeSend, kServeRecv, kAck,
-                      kNotify, kPullRecv };
+                      kNotify, kPullRecv, kPushStage, kServeStage };
+  enum class CopyKind { kPullLanded, kPushStaged, kServeStaged, kServeLanded };
   struct Op {
     explicit Op(OpKind k, TransferId x = 0, std::uint32_t r = 0) : kind(k), xfer(x), run(r) {}
     ucs_status_ptr_t request = nullptr;
@@ -136,6 +145,24 @@ class Session {
     wire::PullRequest pull{};
     std::vector<wire::RunRequest> runs;  // kPullRequest / kNotify bodies, kServeRecv target
     std::string text;                    // kAck / reject reason
+    std::optional<gpu::PageId> slot;     // the staging slot UCX reads or writes
+  };
+  struct Copy {  // a staging copy in flight, and what follows when it lands
+    gpu::CopyEngine::Ticket ticket = 0;
+    CopyKind kind;
+    TransferId xfer = 0;
+    std::uint32_t run = 0;
+    std::optional<gpu::PageId> slot;
+    wire::RunHeader header{};  // kServeStaged / kServeLanded: whom to answer
+    wire::RunRequest target{};
+  };
+  // Slots go back to the ring only after the worker is destroyed: UCX may hold them till then.
+  struct SlotReturn {
+    gpu::ChunkPool* ring = nullptr;
+    std::vector<gpu::PageId> slots;
+    ~SlotReturn() {
+      for (gpu::PageId s : slots) (void)ring->release(s);
+    }
   };
   struct Deferred {  // a rendezvous to receive, or a request to serve, outside UCX's callback
     explicit Deferred(OpKind k) : kind(k) {}
@@ -146,11 +173,24 @@ class Session {
     wire::RunHeader run{};
     std::vector<wire::RunRequest> runs;
     TransferId transfer = 0;
+    std::uint32_t run_index = 0;  // kPushStage
   };
 
-  Session(Role role, std::string peer, const PoolView& pool, Protocol protocol, ucx::Worker worker)
-      : role_(role), peer_(std::move(peer)), pool_(pool), requested_(protocol),
-        worker_(std::move(worker)) {}
+  Session(Role role, std::string peer, const PoolView& pool, Protocol protocol,
+          const Staging* staging, ucx::Worker worker)
+      : role_(role), peer_(std::move(peer)), pool_(pool), requested_(protocol), staging_(staging),
+        worker_(std::move(worker)) {
+    if (staging_) slot_return_.ring = staging_->ring;
+  }
+  // Staging: slots, copies, and the work waiting for a free slot.
+  std::optional<gpu::PageId> take_slot();
+  void give_slot(gpu::PageId slot);
+  std::byte* slot_bytes(gpu::PageId slot) const { return staging_->ring->page(slot); }
+  void start_copy(Copy copy, void* dst, const void* src, std::size_t bytes);
+  void landed(Copy& copy, const Status& status);
+  unsigned poll_copies();
+  bool needs_slot(const Deferred& d) const;
+  std::uint32_t max_run() const { return staging_ || !remote_.rma ? 1 : UINT32_MAX; }
   Status install_handlers();
   void post(Xfer& x);
   bool use_rma(Xfer& x) const;
@@ -182,6 +222,7 @@ class Session {
   std::string peer_;
   PoolView pool_;
   Protocol requested_;
+  const Staging* staging_;
   Protocol protocol_ = Protocol::kActiveMessage;
   std::string transport_;
   PeerDescriptor remote_;
@@ -190,7 +231,9 @@ class Session {
   ServeCounters serve_;
   int event_fd_ = -1;
 
-  // Destroyed in reverse: remote key, endpoint, then the worker that owns what is left.
+  // Destroyed in reverse: remote key, endpoint, the worker that owns what is left, then the
+  // staging slots UCX might still have been using go back to the ring.
+  SlotReturn slot_return_;
   ucx::Worker worker_;
   std::optional<ucx::Endpoint> endpoint_;
   std::optional<ucx::RemoteKey> rkey_;
@@ -200,6 +243,8 @@ class Session {
   std::vector<std::unique_ptr<Xfer>> finished_;
   std::list<Op> ops_;  // stable addresses: headers live here while UCX sends them
   std::deque<Deferred> deferred_;
+  std::deque<Deferred> stalled_;  // waiting for a staging slot, in order
+  std::list<Copy> copies_;
   std::vector<std::vector<gpu::PageId>> written_;
 };
 

@@ -20,6 +20,9 @@ struct PeerDescriptor {
   std::uint32_t pages = 0;
   std::string host;            // this boot of this machine: peers on the same host may use shm
   std::uint64_t instance = 0;  // this process's incarnation, so a restarted peer is told apart
+  // False when the pool is not open to one-sided access (device memory staged through host
+  // memory): peers then move its chunks with active messages, one page per run.
+  bool rma = true;
 };
 
 // A refusal sent in place of a descriptor; decode_descriptor reports it as an error.

@@ -47,6 +47,13 @@ struct PlaneOptions {
   // How long the progress thread busy-polls after the last event before sleeping on UCX's
   // wake-up fd: latency against idle CPU.
   std::chrono::microseconds spin{200};
+  // Device pools move through a ring of pinned host pages (UCX without CUDA cannot touch GPU
+  // memory): each chunk is copied with cudaMemcpyAsync between its page and a slot, and the slot
+  // is what UCX sends or receives. More slots, more chunks in flight.
+  std::size_t staging_slots = 16;
+  // Moves a host pool the same way, with memcpy in place of CUDA: the staging path's stand-in
+  // for tests and diagnosis on hosts without a GPU.
+  bool stage_through_host = false;
   // Called on the progress thread after a peer wrote pages of our pool (push), once the bytes
   // are in place. The node marks chunks present from here, never earlier.
   std::function<void(const std::string& peer, const std::vector<gpu::PageId>& pages)> on_written;
