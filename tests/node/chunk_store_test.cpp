@@ -1,0 +1,189 @@
+// The chunk store over a real pool: two-phase writes, events in order, LRU eviction that spares
+// pinned and leased chunks, removal under a lease, clear, and many threads at once.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "kvnode/node/chunk_store.hpp"
+
+namespace kvnode::node {
+namespace {
+
+struct Recorder {
+  std::mutex mutex;
+  std::vector<std::pair<char, ChunkHash>> events;  // 'A' admit, 'E' evict
+  ChunkStore::EventSink sink() {
+    return [this](const StoreEvent& e) {
+      std::lock_guard lock(mutex);
+      events.emplace_back(e.kind == StoreEvent::Kind::kAdmit ? 'A' : 'E', e.hash);
+    };
+  }
+};
+
+gpu::ChunkPool make_pool(std::size_t pages) {
+  gpu::PoolOptions o;
+  o.page_bytes = 4096;
+  o.pages = pages;
+  return std::move(gpu::ChunkPool::create(o)).value();
+}
+
+using Events = std::vector<std::pair<char, ChunkHash>>;
+
+TEST(ChunkStore, AChunkIsReadableOnlyAfterCommit) {
+  gpu::ChunkPool pool = make_pool(4);
+  Recorder rec;
+  ChunkStore store(pool, "LocalCPUBackend", rec.sink());
+  const gpu::PageId page = store.reserve(7).value();
+  EXPECT_FALSE(store.contains(7));
+  const ChunkHash hashes[] = {7};
+  EXPECT_EQ(store.leading(hashes), 0u);
+  EXPECT_FALSE(store.lease(7));
+  EXPECT_TRUE(rec.events.empty());
+  EXPECT_FALSE(store.reserve(7)) << "a chunk being written cannot be reserved twice";
+  ASSERT_TRUE(store.commit(7));
+  EXPECT_TRUE(store.contains(7));
+  EXPECT_EQ(store.lease(7)->page(), page);
+  EXPECT_EQ(rec.events, (Events{{'A', 7}}));
+  EXPECT_FALSE(store.reserve(7));
+  EXPECT_FALSE(store.commit(7));
+  EXPECT_FALSE(store.commit(8));
+
+  ASSERT_TRUE(store.reserve(9));
+  store.abort(9);  // a failed write: page back, nothing said
+  EXPECT_EQ(pool.free_pages(), 3u);
+  EXPECT_EQ(rec.events.size(), 1u);
+}
+
+TEST(ChunkStore, LeadingCountsFromTheFirstAndPinsUnderAnId) {
+  gpu::ChunkPool pool = make_pool(8);
+  ChunkStore store(pool, "LocalCPUBackend", nullptr);
+  for (ChunkHash h : {1, 2, 3, 5}) {
+    ASSERT_TRUE(store.reserve(h));
+    ASSERT_TRUE(store.commit(h));
+  }
+  const ChunkHash query[] = {1, 2, 3, 4, 5};
+  EXPECT_EQ(store.leading(query), 3u);
+  EXPECT_EQ(store.leading(query, "pin-a"), 3u);
+  EXPECT_EQ(store.counters().pinned, 3u);
+  EXPECT_FALSE(store.remove(2)) << "pinned";
+  EXPECT_EQ(store.clear(), 1u) << "only chunk 5 is unpinned";
+  store.unpin("pin-a");
+  EXPECT_EQ(store.counters().pinned, 0u);
+  EXPECT_TRUE(store.remove(2));
+  EXPECT_EQ(store.clear(), 2u);
+  EXPECT_EQ(pool.free_pages(), 8u);
+}
+
+TEST(ChunkStore, AFullPoolEvictsTheLeastRecentlyUsedChunkNobodyHolds) {
+  gpu::ChunkPool pool = make_pool(3);
+  Recorder rec;
+  ChunkStore store(pool, "LocalCPUBackend", rec.sink());
+  for (ChunkHash h : {1, 2, 3}) {
+    ASSERT_TRUE(store.reserve(h));
+    ASSERT_TRUE(store.commit(h));
+  }
+  const ChunkHash one[] = {1};
+  store.leading(one);  // 1 is now the most recent: 2 is the oldest
+  ASSERT_TRUE(store.reserve(4));
+  ASSERT_TRUE(store.commit(4));
+  EXPECT_FALSE(store.contains(2));
+  store.leading(one, "keep");       // 1 pinned
+  std::optional<Lease> held = store.lease(3);  // 3 being read
+  ASSERT_TRUE(store.reserve(5));    // evicts 4: 3 is leased, 1 pinned
+  EXPECT_FALSE(store.contains(4));
+  EXPECT_TRUE(store.contains(3));
+  EXPECT_FALSE(store.reserve(6)) << "1 pinned, 3 leased, 5 being written: nothing to evict";
+  ASSERT_TRUE(store.commit(5));
+  EXPECT_EQ(rec.events, (Events{{'A', 1}, {'A', 2}, {'A', 3}, {'E', 2}, {'A', 4}, {'E', 4}, {'A', 5}}));
+  EXPECT_EQ(store.counters().evicted_for_space, 2u);
+  EXPECT_EQ(store.counters().chunks, 3u);
+}
+
+TEST(ChunkStore, RemovingALeasedChunkHidesItNowAndFreesItsPageAfterTheRead) {
+  gpu::ChunkPool pool = make_pool(2);
+  Recorder rec;
+  ChunkStore store(pool, "LocalCPUBackend", rec.sink());
+  ASSERT_TRUE(store.reserve(1));
+  ASSERT_TRUE(store.commit(1));
+  {
+    std::optional<Lease> reading = store.lease(1);
+    ASSERT_TRUE(reading);
+    EXPECT_TRUE(store.remove(1));
+    EXPECT_FALSE(store.contains(1));
+    EXPECT_EQ(rec.events.back(), std::make_pair('E', ChunkHash{1}));
+    EXPECT_EQ(pool.free_pages(), 1u) << "the page is still being read";
+    EXPECT_FALSE(store.reserve(1)) << "still held by the reader";
+  }
+  EXPECT_EQ(pool.free_pages(), 2u);
+  EXPECT_TRUE(store.reserve(1));
+}
+
+TEST(ChunkStore, BatchReserveIsAllOrNothing) {
+  gpu::ChunkPool pool = make_pool(3);
+  ChunkStore store(pool, "LocalCPUBackend", nullptr);
+  const ChunkHash four[] = {1, 2, 3, 4};
+  const auto r = store.reserve(four);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message.find("chunk 3"), std::string::npos) << r.error().message;
+  EXPECT_EQ(pool.free_pages(), 3u);
+  const ChunkHash three[] = {1, 2, 3};
+  EXPECT_EQ(store.reserve(three).value().size(), 3u);
+}
+
+TEST(ChunkStore, ManyThreadsKeepTheBooksStraight) {
+  gpu::ChunkPool pool = make_pool(64);
+  std::atomic<long> admitted{0}, evicted{0};
+  ChunkStore store(pool, "LocalCPUBackend", [&](const StoreEvent& e) {
+    (e.kind == StoreEvent::Kind::kAdmit ? admitted : evicted)++;
+  });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(t);
+      for (int i = 0; i < 5000; ++i) {
+        const ChunkHash h = static_cast<ChunkHash>(rng() % 200);
+        switch (rng() % 5) {
+          case 0:
+          case 1:
+            if (store.reserve(h)) {
+              if (rng() % 4)
+                (void)store.commit(h);
+              else
+                store.abort(h);
+            }
+            break;
+          case 2: {
+            auto lease = store.lease(h);
+            if (lease) {
+              EXPECT_LT(lease->page(), 64u);
+            }
+            break;
+          }
+          case 3:
+            store.remove(h);
+            break;
+          default: {
+            const ChunkHash q[] = {h, h + 1};
+            store.leading(q, rng() % 2 ? "p" + std::to_string(t) : "");
+            if (rng() % 8 == 0) store.unpin("p" + std::to_string(t));
+          }
+        }
+      }
+      store.unpin("p" + std::to_string(t));
+    });
+  for (auto& th : threads) th.join();
+  const StoreCounters c = store.counters();
+  EXPECT_EQ(c.reserved, 0u);
+  EXPECT_EQ(c.pinned, 0u);
+  EXPECT_EQ(static_cast<long>(c.chunks), admitted - evicted);
+  EXPECT_EQ(c.chunks + pool.free_pages(), 64u) << "every page is either a chunk or free";
+  EXPECT_EQ(store.snapshot().size(), c.chunks);
+  EXPECT_EQ(store.clear(), c.chunks);
+  EXPECT_EQ(pool.free_pages(), 64u);
+}
+
+}  // namespace
+}  // namespace kvnode::node
