@@ -1,0 +1,343 @@
+#include "kvnode/agent/worker_agent.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <zmq.hpp>
+
+#include "kvnode/wire/codec.hpp"
+
+namespace kvnode::agent {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr auto kSlice = std::chrono::milliseconds(50);  // how often blocked threads check for stop
+
+std::string endpoint(const std::string& url) {
+  return url.starts_with("tcp://") ? url : "tcp://" + url;
+}
+
+template <class T>
+const T* as(const wire::Msg& m) {
+  return std::get_if<T>(&m);
+}
+
+bool is_control(const wire::Msg& m) {
+  return as<wire::ClearWorkerMsg>(m) || as<wire::PinWorkerMsg>(m) ||
+         as<wire::CompressWorkerMsg>(m) || as<wire::DecompressWorkerMsg>(m) ||
+         as<wire::MoveWorkerMsg>(m) || as<wire::HealthWorkerMsg>(m) ||
+         as<wire::CheckFinishWorkerMsg>(m);
+}
+
+}  // namespace
+
+class WorkerAgent::Impl {
+ public:
+  Impl(const AgentOptions& o, AgentHandlers h) : options_(o), handlers_(std::move(h)) {}
+  ~Impl() { shutdown(); }
+
+  Status bind_rep();
+  void launch();
+  void shutdown();
+  int port() const { return port_; }
+  void report(const std::string& location, wire::OpType op, std::int64_t hash);
+  Result<wire::Msg> call(const wire::Msg& request);
+  AgentCounters counters() const {
+    std::lock_guard lock(counters_mutex_);
+    return counters_;
+  }
+
+ private:
+  zmq::socket_t dealer(const std::string& url) {
+    zmq::socket_t s(context_, zmq::socket_type::dealer);
+    s.set(zmq::sockopt::linger, 0);
+    s.set(zmq::sockopt::sndtimeo, static_cast<int>(options_.request_timeout.count()));
+    s.connect(endpoint(url));
+    return s;
+  }
+  Result<wire::Msg> exchange(zmq::socket_t& s, const wire::Msg& request);
+  bool wait_or_stop(std::chrono::milliseconds d) {
+    std::unique_lock lock(stop_mutex_);
+    return stop_cv_.wait_for(lock, d, [&] { return stopping_.load(); });
+  }
+  wire::Msg answer(const zmq::message_t& payload);
+  void serve_rep();
+  void push_events();
+  void register_and_heartbeat();
+  template <class F>
+  void count(F f) {
+    std::lock_guard lock(counters_mutex_);
+    f(counters_);
+  }
+
+  AgentOptions options_;
+  AgentHandlers handlers_;
+  zmq::context_t context_{1};
+  std::optional<zmq::socket_t> rep_;
+  int port_ = 0;
+
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> registered_{false};
+  std::mutex stop_mutex_;
+  std::condition_variable stop_cv_;
+
+  std::mutex events_mutex_;
+  std::condition_variable events_cv_;
+  std::deque<std::pair<std::string, wire::KVOpEvent>> events_;
+  std::map<std::string, std::int64_t> next_seq_;  // per location, from 0
+
+  std::mutex call_mutex_;
+  std::optional<zmq::socket_t> call_socket_;
+
+  mutable std::mutex counters_mutex_;
+  AgentCounters counters_;
+  std::thread rep_thread_, events_thread_, control_thread_;
+};
+
+Status WorkerAgent::Impl::bind_rep() {
+  try {
+    rep_.emplace(context_, zmq::socket_type::rep);
+    rep_->set(zmq::sockopt::linger, 0);
+    rep_->bind(options_.worker_port ? "tcp://*:" + std::to_string(options_.worker_port)
+                                    : std::string("tcp://*:*"));
+    const std::string bound = rep_->get(zmq::sockopt::last_endpoint);
+    port_ = std::stoi(bound.substr(bound.rfind(':') + 1));
+  } catch (const zmq::error_t& e) {
+    return make_error("worker agent: cannot bind the REP port " +
+                      std::to_string(options_.worker_port) + ": " + e.what());
+  }
+  return {};
+}
+
+void WorkerAgent::Impl::launch() {
+  rep_thread_ = std::thread([this] { serve_rep(); });
+  events_thread_ = std::thread([this] { push_events(); });
+  control_thread_ = std::thread([this] { register_and_heartbeat(); });
+}
+
+void WorkerAgent::Impl::shutdown() {
+  if (stopping_.exchange(true)) return;
+  {
+    std::lock_guard lock(stop_mutex_);
+  }
+  stop_cv_.notify_all();
+  events_cv_.notify_all();
+  for (std::thread* t : {&control_thread_, &rep_thread_, &events_thread_})
+    if (t->joinable()) t->join();
+}
+
+// ---- Requests on a DEALER -------------------------------------------------------------------
+
+Result<wire::Msg> WorkerAgent::Impl::exchange(zmq::socket_t& s, const wire::Msg& request) {
+  const std::string payload = wire::encode(request);
+  try {
+    if (!s.send(zmq::message_t(), zmq::send_flags::sndmore) ||
+        !s.send(zmq::buffer(payload), zmq::send_flags::none))
+      return make_error("send timed out");
+    const auto give_up = Clock::now() + options_.request_timeout;
+    zmq::pollitem_t item{s.handle(), 0, ZMQ_POLLIN, 0};
+    while (zmq::poll(&item, 1, kSlice) == 0) {
+      if (stopping_ || Clock::now() > give_up)
+        return make_error(stopping_ ? "stopping" : "no reply within the request timeout");
+    }
+    zmq::message_t frame;
+    std::string last;
+    do {
+      if (!s.recv(frame, zmq::recv_flags::none)) return make_error("receive failed");
+      last = frame.to_string();
+    } while (frame.more());
+    return wire::decode(last);  // the last frame, as LMCache reads it
+  } catch (const zmq::error_t& e) {
+    return make_error(std::string("zmq: ") + e.what());
+  }
+}
+
+Result<wire::Msg> WorkerAgent::Impl::call(const wire::Msg& request) {
+  std::lock_guard lock(call_mutex_);
+  if (!call_socket_) call_socket_.emplace(dealer(options_.controller_reply_url));
+  Result<wire::Msg> reply = exchange(*call_socket_, request);
+  if (!reply) call_socket_.reset();  // a late reply must not answer the next request
+  return reply;
+}
+
+// ---- Registration and heartbeats --------------------------------------------------------------
+
+void WorkerAgent::Impl::register_and_heartbeat() {
+  const wire::RegisterMsg hello{options_.instance_id, options_.worker_id, options_.ip, port_,
+                                options_.peer_init_url};
+  std::optional<std::string> heartbeat_url;
+  for (auto backoff = options_.register_backoff_first; !stopping_;) {
+    zmq::socket_t s = dealer(options_.controller_reply_url);
+    count([](AgentCounters& c) { ++c.register_attempts; });
+    Result<wire::Msg> reply = exchange(s, hello);
+    if (reply && as<wire::RegisterRetMsg>(*reply)) {
+      if (const std::string* url = as<wire::RegisterRetMsg>(*reply)->extra_config.find("heartbeat_url"))
+        heartbeat_url = *url;
+      registered_ = true;
+      count([](AgentCounters& c) { c.registered = true; });
+      events_cv_.notify_all();
+      spdlog::info("worker agent: registered {}/{} with {}", options_.instance_id,
+                   options_.worker_id, options_.controller_reply_url);
+      break;
+    }
+    spdlog::warn("worker agent: registration with {} failed ({}); retrying in {} ms",
+                 options_.controller_reply_url,
+                 reply ? "answered " + std::string(wire::tag_of(*reply)) : reply.error().message,
+                 backoff.count());
+    if (wait_or_stop(backoff)) return;
+    backoff = std::min(backoff * 2, options_.register_backoff_max);
+  }
+  if (options_.heartbeat_period.count() <= 0) return;
+  // The heartbeat socket of the registration answer; the reply socket accepts heartbeats too.
+  const std::string url = heartbeat_url.value_or(options_.controller_reply_url);
+  std::optional<zmq::socket_t> s;
+  const wire::HeartbeatMsg beat{options_.instance_id, options_.worker_id, options_.ip, port_,
+                                options_.peer_init_url};
+  while (!wait_or_stop(options_.heartbeat_period)) {
+    if (!s) s.emplace(dealer(url));
+    Result<wire::Msg> reply = exchange(*s, beat);
+    const auto* ret = reply ? as<wire::HeartbeatRetMsg>(*reply) : nullptr;
+    if (!ret) {
+      // LMCache's fallback: an empty HeartbeatRetMsg. The socket is recreated.
+      s.reset();
+      count([](AgentCounters& c) { ++c.heartbeat_failures; });
+      continue;
+    }
+    count([](AgentCounters& c) { ++c.heartbeats; });
+    for (const wire::AnyCommand& command : ret->commands) {
+      const auto* sync = std::get_if<wire::FullSyncCommand>(&command);
+      if (!sync || !handlers_.full_sync) continue;
+      try {
+        handlers_.full_sync(sync->reason.value_or(""));
+      } catch (const std::exception& e) {
+        spdlog::error("worker agent: full sync failed: {}", e.what());
+      }
+    }
+  }
+}
+
+// ---- Events -----------------------------------------------------------------------------------
+
+void WorkerAgent::Impl::report(const std::string& location, wire::OpType op, std::int64_t hash) {
+  std::size_t queued;
+  {
+    std::lock_guard lock(events_mutex_);
+    events_.emplace_back(location, wire::KVOpEvent{op, wire::ChunkHash(hash), -1});
+    queued = events_.size();
+  }
+  if (queued >= options_.batch_size) events_cv_.notify_one();
+}
+
+void WorkerAgent::Impl::push_events() {
+  zmq::socket_t push(context_, zmq::socket_type::push);
+  push.set(zmq::sockopt::linger, 1000);  // DeRegister gets a second to leave at shutdown
+  push.set(zmq::sockopt::sndtimeo, 1000);
+  push.connect(endpoint(options_.controller_pull_url));
+  auto send = [&](const wire::Msg& m) {
+    try {
+      return static_cast<bool>(push.send(zmq::buffer(wire::encode(m)), zmq::send_flags::none));
+    } catch (const zmq::error_t&) {
+      return false;
+    }
+  };
+  for (;;) {
+    std::deque<std::pair<std::string, wire::KVOpEvent>> batch;
+    {
+      std::unique_lock lock(events_mutex_);
+      events_cv_.wait_for(lock, options_.batch_timeout, [&] {
+        return stopping_ || (registered_ && events_.size() >= options_.batch_size);
+      });
+      // Events wait for registration: the controller drops those of unknown workers.
+      if (registered_) batch.swap(events_);
+      if (batch.empty() && stopping_) break;
+    }
+    // One message per location and per batch_size ops, sequence numbers per location from 0.
+    while (!batch.empty()) {
+      wire::BatchedKVOperationMsg m{options_.instance_id, options_.worker_id, batch.front().first, {}};
+      for (auto it = batch.begin(); it != batch.end() && m.operations.size() < options_.batch_size;) {
+        if (it->first != m.location) {
+          ++it;
+          continue;
+        }
+        it->second.seq_num = next_seq_[m.location]++;
+        m.operations.push_back(it->second);
+        it = batch.erase(it);
+      }
+      const std::size_t n = m.operations.size();
+      const bool sent = send(m);
+      count([&](AgentCounters& c) { (sent ? c.events_sent : c.events_dropped) += n; });
+    }
+  }
+  if (registered_)
+    send(wire::DeRegisterMsg{options_.instance_id, options_.worker_id, options_.ip, port_});
+}
+
+// ---- Control requests -------------------------------------------------------------------------
+
+wire::Msg WorkerAgent::Impl::answer(const zmq::message_t& payload) {
+  Result<wire::Msg> request = wire::decode(payload.to_string_view());
+  if (!request) return wire::ErrorMsg{"Worker error: " + request.error().message};
+  if (!is_control(*request))
+    return wire::ErrorMsg{"Unknown message: " + wire::python_class_text(wire::tag_of(*request))};
+  if (!handlers_.control) return wire::ErrorMsg{"Worker error: this worker serves no control requests"};
+  try {
+    return handlers_.control(*request);
+  } catch (const std::exception& e) {
+    return wire::ErrorMsg{std::string("Worker error: ") + e.what()};
+  }
+}
+
+void WorkerAgent::Impl::serve_rep() {
+  zmq::pollitem_t item{rep_->handle(), 0, ZMQ_POLLIN, 0};
+  while (!stopping_) {
+    try {
+      if (zmq::poll(&item, 1, kSlice) == 0) continue;
+      zmq::message_t frame, last;
+      do {  // a REP request is one frame; take the last if a peer sent more
+        if (!rep_->recv(frame, zmq::recv_flags::none)) break;
+        last.copy(frame);
+      } while (frame.more());
+      const wire::Msg reply = answer(last);
+      const bool failed = std::holds_alternative<wire::ErrorMsg>(reply);
+      count([&](AgentCounters& c) {
+        ++c.control_requests;
+        if (failed) ++c.control_errors;
+      });
+      rep_->send(zmq::buffer(wire::encode(reply)), zmq::send_flags::none);
+    } catch (const zmq::error_t& e) {
+      spdlog::warn("worker agent: REP socket: {}", e.what());
+    }
+  }
+}
+
+// ---- Facade -----------------------------------------------------------------------------------
+
+Result<std::unique_ptr<WorkerAgent>> WorkerAgent::start(const AgentOptions& options,
+                                                        AgentHandlers handlers) {
+  if (options.instance_id.empty()) return make_error("worker agent: instance_id is empty");
+  if (options.controller_pull_url.empty() || options.controller_reply_url.empty())
+    return make_error("worker agent: controller_pull_url and controller_reply_url are required");
+  if (options.batch_size == 0) return make_error("worker agent: batch_size must be at least 1");
+  auto impl = std::make_unique<Impl>(options, std::move(handlers));
+  if (Status s = impl->bind_rep(); !s) return s.error();
+  impl->launch();
+  return std::unique_ptr<WorkerAgent>(new WorkerAgent(std::move(impl)));
+}
+
+WorkerAgent::WorkerAgent(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+WorkerAgent::~WorkerAgent() = default;
+int WorkerAgent::port() const { return impl_->port(); }
+void WorkerAgent::report(const std::string& location, wire::OpType op, std::int64_t hash) {
+  impl_->report(location, op, hash);
+}
+Result<wire::Msg> WorkerAgent::call(const wire::Msg& request) { return impl_->call(request); }
+bool WorkerAgent::registered() const { return impl_->counters().registered; }
+AgentCounters WorkerAgent::counters() const { return impl_->counters(); }
+
+}  // namespace kvnode::agent

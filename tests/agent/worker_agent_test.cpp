@@ -1,0 +1,183 @@
+// The worker agent against the real controller (in-process, real ZMQ sockets on loopback):
+// registration and its retries, batched admits and evicts the controller indexes, heartbeats that
+// bring a full sync, requests on the worker's DEALER, control requests on its REP port (every
+// one answered), and de-registration on a clean stop.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <mutex>
+#include <thread>
+#include <zmq.hpp>
+
+#include "kvnode/agent/worker_agent.hpp"
+#include "kvnode/controller/controller.hpp"
+#include "kvnode/wire/codec.hpp"
+
+namespace kvnode::agent {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+constexpr const char* kCpu = "LocalCPUBackend";
+
+controller::ControllerConfig loopback(int pull = 0, int reply = 0) {
+  controller::ControllerConfig c;
+  c.controller_host = "127.0.0.1";
+  c.controller_port = 0;
+  c.controller_monitor_ports = {pull, reply, 0};
+  c.log_level = "warn";
+  return c;
+}
+
+bool eventually(const std::function<bool()>& condition, std::chrono::milliseconds patience = 10s) {
+  for (const auto until = Clock::now() + patience; !condition();) {
+    if (Clock::now() > until) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
+
+AgentOptions options_for(int pull, int reply) {
+  AgentOptions o;
+  o.instance_id = "inst-A";
+  o.worker_id = 0;
+  o.controller_pull_url = "127.0.0.1:" + std::to_string(pull);
+  o.controller_reply_url = "127.0.0.1:" + std::to_string(reply);
+  o.peer_init_url = "127.0.0.1:18601";
+  o.heartbeat_period = 100ms;
+  o.request_timeout = 500ms;
+  o.register_backoff_first = 20ms;
+  o.register_backoff_max = 100ms;
+  return o;
+}
+
+// Hits the controller reports for `hashes` to another instance (rank 0).
+std::int64_t hits_for_others(WorkerAgent& asker, std::int64_t first, std::int64_t n) {
+  wire::BatchedP2PLookupMsg q{{}, "someone-else", 0};
+  for (std::int64_t i = 0; i < n; ++i) q.hashes.emplace_back(first + i);
+  Result<wire::Msg> r = asker.call(q);
+  if (!r) return -1;
+  const auto* ret = std::get_if<wire::BatchedP2PLookupRetMsg>(&*r);
+  if (!ret || ret->layout_info.empty()) return -1;
+  return ret->layout_info[0].instance_id == "inst-A" ? ret->layout_info[0].num_hit_chunks : 0;
+}
+
+TEST(WorkerAgent, RegistersReportsHeartbeatsAndDeregisters) {
+  auto ctl = std::move(controller::Controller::start(loopback())).value();
+  std::mutex mutex;
+  std::vector<std::string> syncs;
+  AgentHandlers handlers;
+  handlers.full_sync = [&](const std::string& reason) {
+    std::lock_guard lock(mutex);
+    syncs.push_back(reason);
+  };
+  auto agent = std::move(WorkerAgent::start(options_for(ctl->ports().pull, ctl->ports().reply),
+                                            handlers)).value();
+  ASSERT_TRUE(eventually([&] { return agent->registered(); }));
+  EXPECT_GT(agent->port(), 0);
+
+  for (std::int64_t h = 1; h <= 120; ++h) agent->report(kCpu, wire::OpType::kAdmit, h);
+  ASSERT_TRUE(eventually([&] { return hits_for_others(*agent, 1, 120) == 120; }));
+  for (std::int64_t h = 61; h <= 120; ++h) agent->report(kCpu, wire::OpType::kEvict, h);
+  ASSERT_TRUE(eventually([&] { return hits_for_others(*agent, 1, 120) == 60; }));
+  EXPECT_EQ(agent->counters().events_sent, 180u);
+  EXPECT_EQ(agent->counters().events_dropped, 0u);
+
+  // A fresh controller asks every worker's first heartbeat for a full sync.
+  ASSERT_TRUE(eventually([&] {
+    std::lock_guard lock(mutex);
+    return !syncs.empty();
+  }));
+  {
+    std::lock_guard lock(mutex);
+    EXPECT_EQ(syncs.front(), "controller_restart");
+  }
+  EXPECT_GT(agent->counters().heartbeats, 0u);
+
+  // Another agent asks; after inst-A stops cleanly the controller forgets it and its chunks.
+  AgentOptions other = options_for(ctl->ports().pull, ctl->ports().reply);
+  other.instance_id = "someone-else";
+  auto asker = std::move(WorkerAgent::start(other, {})).value();
+  EXPECT_EQ(hits_for_others(*asker, 1, 60), 60);
+  agent.reset();
+  wire::BatchedP2PLookupMsg q{{wire::ChunkHash(1)}, "third", 0};
+  ASSERT_TRUE(eventually([&] {
+    Result<wire::Msg> r = asker->call(q);
+    const auto* ret = r ? std::get_if<wire::BatchedP2PLookupRetMsg>(&*r) : nullptr;
+    return ret && !ret->layout_info.empty() && ret->layout_info[0].num_hit_chunks == 0;
+  }));
+}
+
+TEST(WorkerAgent, KeepsTryingToRegisterUntilTheControllerIsUp) {
+  // Ports nobody listens on yet: take two free ones from a controller, then stop it.
+  int pull = 0, reply = 0;
+  {
+    auto probe = std::move(controller::Controller::start(loopback())).value();
+    pull = probe->ports().pull;
+    reply = probe->ports().reply;
+  }
+  auto agent = std::move(WorkerAgent::start(options_for(pull, reply), {})).value();
+  agent->report(kCpu, wire::OpType::kAdmit, 7);  // waits for registration, then goes out
+  std::this_thread::sleep_for(700ms);
+  EXPECT_FALSE(agent->registered());
+  EXPECT_GE(agent->counters().register_attempts, 1u);
+  auto ctl = std::move(controller::Controller::start(loopback(pull, reply))).value();
+  ASSERT_TRUE(eventually([&] { return agent->registered(); }));
+  AgentOptions other = options_for(pull, reply);
+  other.instance_id = "someone-else";
+  auto asker = std::move(WorkerAgent::start(other, {})).value();
+  EXPECT_TRUE(eventually([&] { return hits_for_others(*asker, 7, 1) == 1; }));
+}
+
+TEST(WorkerAgent, AnswersEveryControlRequest) {
+  auto ctl = std::move(controller::Controller::start(loopback())).value();
+  AgentHandlers handlers;
+  handlers.control = [](const wire::Msg& m) -> wire::Msg {
+    if (std::holds_alternative<wire::HealthWorkerMsg>(m)) throw std::runtime_error("memcheck exploded");
+    if (const auto* clear = std::get_if<wire::ClearWorkerMsg>(&m))
+      return wire::ClearWorkerRetMsg{clear->location == kCpu ? 512 : 0};
+    return wire::ErrorMsg{"not supported by this node"};
+  };
+  auto agent = std::move(WorkerAgent::start(options_for(ctl->ports().pull, ctl->ports().reply),
+                                            handlers)).value();
+  zmq::context_t ctx;
+  zmq::socket_t req(ctx, zmq::socket_type::req);
+  req.set(zmq::sockopt::linger, 0);
+  req.set(zmq::sockopt::rcvtimeo, 5000);
+  req.connect("tcp://127.0.0.1:" + std::to_string(agent->port()));
+  auto ask = [&](const std::string& payload) -> wire::Msg {
+    req.send(zmq::buffer(payload), zmq::send_flags::none);
+    zmq::message_t reply;
+    if (!req.recv(reply)) {
+      ADD_FAILURE() << "no answer";
+      return wire::ErrorMsg{"no answer"};
+    }
+    return std::move(wire::decode(reply.to_string_view())).value();
+  };
+  const wire::Msg cleared = ask(wire::encode(wire::ClearWorkerMsg{"e1", kCpu}));
+  ASSERT_TRUE(std::holds_alternative<wire::ClearWorkerRetMsg>(cleared));
+  EXPECT_EQ(std::get<wire::ClearWorkerRetMsg>(cleared).num_tokens, 512);
+
+  auto error_of = [](const wire::Msg& m) {
+    const auto* e = std::get_if<wire::ErrorMsg>(&m);
+    return e ? e->error : std::string("not an ErrorMsg");
+  };
+  EXPECT_EQ(error_of(ask(wire::encode(wire::HealthWorkerMsg{"e2"}))), "Worker error: memcheck exploded");
+  EXPECT_EQ(error_of(ask(wire::encode(wire::LookupMsg{"e9", {1, 2, 3}}))),
+            "Unknown message: " + wire::python_class_text("LookupMsg"));
+  EXPECT_NE(error_of(ask("\xc1 not msgpack")).find("Worker error: "), std::string::npos);
+  EXPECT_EQ(error_of(ask(wire::encode(wire::PinWorkerMsg{"e3", kCpu, {1}}))), "not supported by this node");
+  const AgentCounters c = agent->counters();
+  EXPECT_EQ(c.control_requests, 5u);
+  EXPECT_EQ(c.control_errors, 4u);
+}
+
+TEST(WorkerAgent, BadOptionsAreRefusedByName) {
+  AgentOptions o;
+  EXPECT_NE(WorkerAgent::start(o, {}).error().message.find("instance_id"), std::string::npos);
+  o.instance_id = "x";
+  EXPECT_NE(WorkerAgent::start(o, {}).error().message.find("controller_pull_url"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvnode::agent
