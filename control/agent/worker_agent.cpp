@@ -8,6 +8,8 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <random>
+#include <set>
 #include <thread>
 #include <zmq.hpp>
 
@@ -70,6 +72,8 @@ class WorkerAgent::Impl {
   void serve_rep();
   void push_events();
   void register_and_heartbeat();
+  void full_sync(const std::string& reason);
+  bool send_raw(const wire::Msg& m);  // through the events thread's PUSH, in order
   template <class F>
   void count(F f) {
     std::lock_guard lock(counters_mutex_);
@@ -91,6 +95,10 @@ class WorkerAgent::Impl {
   std::condition_variable events_cv_;
   std::deque<std::pair<std::string, wire::KVOpEvent>> events_;
   std::map<std::string, std::int64_t> next_seq_;  // per location, from 0
+
+  std::deque<wire::Msg> raw_;  // full-sync messages for the PUSH socket (under events_mutex_)
+  std::thread sync_thread_;
+  std::atomic<bool> syncing_{false};
 
   std::mutex call_mutex_;
   std::optional<zmq::socket_t> call_socket_;
@@ -128,7 +136,7 @@ void WorkerAgent::Impl::shutdown() {
   }
   stop_cv_.notify_all();
   events_cv_.notify_all();
-  for (std::thread* t : {&control_thread_, &rep_thread_, &events_thread_})
+  for (std::thread* t : {&control_thread_, &sync_thread_, &rep_thread_, &events_thread_})
     if (t->joinable()) t->join();
 }
 
@@ -212,14 +220,106 @@ void WorkerAgent::Impl::register_and_heartbeat() {
     count([](AgentCounters& c) { ++c.heartbeats; });
     for (const wire::AnyCommand& command : ret->commands) {
       const auto* sync = std::get_if<wire::FullSyncCommand>(&command);
-      if (!sync || !handlers_.full_sync) continue;
-      try {
-        handlers_.full_sync(sync->reason.value_or(""));
-      } catch (const std::exception& e) {
-        spdlog::error("worker agent: full sync failed: {}", e.what());
+      if (!sync) continue;
+      if (!handlers_.snapshot) {
+        spdlog::warn("worker agent: the controller asks for a full sync ({}) but this worker has "
+                     "nothing to send", sync->reason.value_or(""));
+        continue;
       }
+      if (syncing_.exchange(true)) continue;  // one at a time; later requests are ignored
+      if (sync_thread_.joinable()) sync_thread_.join();
+      sync_thread_ = std::thread([this, reason = sync->reason.value_or("")] {
+        full_sync(reason);
+        syncing_ = false;
+      });
     }
   }
+}
+
+// ---- Full sync --------------------------------------------------------------------------------
+
+bool WorkerAgent::Impl::send_raw(const wire::Msg& m) {
+  {
+    std::lock_guard lock(events_mutex_);
+    raw_.push_back(m);
+  }
+  events_cv_.notify_one();
+  return true;
+}
+
+void WorkerAgent::Impl::full_sync(const std::string& reason) {
+  std::mt19937_64 rng(std::random_device{}());
+  const auto delay = options_.full_sync_startup_delay.count() > 0
+                         ? std::chrono::milliseconds(rng() % options_.full_sync_startup_delay.count())
+                         : std::chrono::milliseconds(0);
+  if (wait_or_stop(delay)) return;
+  count([](AgentCounters& c) { ++c.full_syncs_started; });
+  if (handlers_.freeze) handlers_.freeze(true);
+  struct Unfreeze {  // freeze(false) runs whatever happens below
+    const AgentHandlers& h;
+    ~Unfreeze() {
+      if (h.freeze) h.freeze(false);
+    }
+  } unfreeze{handlers_};
+
+  const std::string location = "LocalCPUBackend";
+  const std::vector<std::int64_t> keys = handlers_.snapshot();
+  const std::size_t per = std::max<std::size_t>(1, options_.full_sync_batch_size);
+  const std::int64_t batches = std::max<std::int64_t>(1, static_cast<std::int64_t>((keys.size() + per - 1) / per));
+  char id[9];
+  std::snprintf(id, sizeof(id), "%08x", static_cast<unsigned>(rng()));
+  const std::string sync_id = options_.instance_id + "_" + std::to_string(options_.worker_id) + "_" + id;
+  spdlog::info("worker agent: full sync {} ({}): {} keys in {} batches", sync_id, reason,
+               keys.size(), batches);
+
+  bool accepted = false;
+  for (int t = 0; t < options_.full_sync_start_tries && !accepted && !stopping_; ++t) {
+    if (t && wait_or_stop(options_.full_sync_retry_delay)) return;
+    Result<wire::Msg> r = call(wire::FullSyncStartMsg{options_.instance_id, options_.worker_id,
+                                                      location, sync_id,
+                                                      static_cast<std::int64_t>(keys.size()), batches});
+    const auto* ret = r ? std::get_if<wire::FullSyncStartRetMsg>(&*r) : nullptr;
+    accepted = ret && ret->accepted;
+    if (ret && !ret->accepted)
+      spdlog::warn("worker agent: full sync refused: {}", ret->error_msg.value_or(""));
+  }
+  if (!accepted) return;
+
+  auto send_batch = [&](std::int64_t b) {
+    const std::size_t from = static_cast<std::size_t>(b) * per;
+    const std::size_t to = std::min(keys.size(), from + per);
+    wire::FullSyncBatchMsg m{options_.instance_id, options_.worker_id, location, sync_id, b, {}};
+    for (std::size_t i = from; i < to; ++i) m.keys.emplace_back(keys[i]);
+    send_raw(m);
+  };
+  const wire::FullSyncEndMsg end{options_.instance_id, options_.worker_id, location, sync_id,
+                                 static_cast<std::int64_t>(keys.size())};
+  for (std::int64_t b = 0; b < batches; ++b) {
+    send_batch(b);
+    if (wait_or_stop(options_.full_sync_batch_interval)) return;
+  }
+  send_raw(end);
+
+  int resends = 0;
+  for (int poll = 0; poll < options_.full_sync_max_polls; ++poll) {
+    if (wait_or_stop(options_.full_sync_poll_interval)) return;
+    Result<wire::Msg> r = call(wire::FullSyncStatusMsg{options_.instance_id, options_.worker_id, sync_id});
+    const auto* st = r ? std::get_if<wire::FullSyncStatusRetMsg>(&*r) : nullptr;
+    if (!st) continue;  // LMCache's fallback: not complete, keep polling
+    if (st->can_exit_freeze) {
+      count([](AgentCounters& c) { ++c.full_syncs_completed; });
+      spdlog::info("worker agent: full sync {} done", sync_id);
+      return;
+    }
+    if (!st->missing_batches.empty() && resends < options_.full_sync_max_resends) {
+      ++resends;
+      for (std::int64_t b : st->missing_batches)
+        if (b >= 0 && b < batches) send_batch(b);
+      send_raw(end);
+    }
+  }
+  spdlog::warn("worker agent: full sync {} not confirmed after {} polls; unfreezing", sync_id,
+               options_.full_sync_max_polls);
 }
 
 // ---- Events -----------------------------------------------------------------------------------
@@ -248,15 +348,18 @@ void WorkerAgent::Impl::push_events() {
   };
   for (;;) {
     std::deque<std::pair<std::string, wire::KVOpEvent>> batch;
+    std::deque<wire::Msg> raw;
     {
       std::unique_lock lock(events_mutex_);
       events_cv_.wait_for(lock, options_.batch_timeout, [&] {
-        return stopping_ || (registered_ && events_.size() >= options_.batch_size);
+        return stopping_ || !raw_.empty() || (registered_ && events_.size() >= options_.batch_size);
       });
       // Events wait for registration: the controller drops those of unknown workers.
       if (registered_) batch.swap(events_);
-      if (batch.empty() && stopping_) break;
+      raw.swap(raw_);
+      if (batch.empty() && raw.empty() && stopping_) break;
     }
+    for (const wire::Msg& m : raw) send(m);
     // One message per location and per batch_size ops, sequence numbers per location from 0.
     while (!batch.empty()) {
       wire::BatchedKVOperationMsg m{options_.instance_id, options_.worker_id, batch.front().first, {}};

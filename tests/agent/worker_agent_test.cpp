@@ -20,11 +20,11 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 constexpr const char* kCpu = "LocalCPUBackend";
 
-controller::ControllerConfig loopback(int pull = 0, int reply = 0) {
+controller::ControllerConfig loopback(int pull = 0, int reply = 0, int heartbeat = 0) {
   controller::ControllerConfig c;
   c.controller_host = "127.0.0.1";
   c.controller_port = 0;
-  c.controller_monitor_ports = {pull, reply, 0};
+  c.controller_monitor_ports = {pull, reply, heartbeat};
   c.log_level = "warn";
   return c;
 }
@@ -48,6 +48,9 @@ AgentOptions options_for(int pull, int reply) {
   o.request_timeout = 500ms;
   o.register_backoff_first = 20ms;
   o.register_backoff_max = 100ms;
+  o.full_sync_startup_delay = 0ms;
+  o.full_sync_retry_delay = 50ms;
+  o.full_sync_poll_interval = 50ms;
   return o;
 }
 
@@ -65,34 +68,34 @@ std::int64_t hits_for_others(WorkerAgent& asker, std::int64_t first, std::int64_
 TEST(WorkerAgent, RegistersReportsHeartbeatsAndDeregisters) {
   auto ctl = std::move(controller::Controller::start(loopback())).value();
   std::mutex mutex;
-  std::vector<std::string> syncs;
+  std::vector<bool> freezes;
   AgentHandlers handlers;
-  handlers.full_sync = [&](const std::string& reason) {
+  handlers.snapshot = [] { return std::vector<std::int64_t>{}; };
+  handlers.freeze = [&](bool on) {
     std::lock_guard lock(mutex);
-    syncs.push_back(reason);
+    freezes.push_back(on);
   };
   auto agent = std::move(WorkerAgent::start(options_for(ctl->ports().pull, ctl->ports().reply),
                                             handlers)).value();
   ASSERT_TRUE(eventually([&] { return agent->registered(); }));
   EXPECT_GT(agent->port(), 0);
+  // A fresh controller asks every worker's first heartbeat for a full sync; it runs frozen.
+  // (A node is frozen then: nothing it stores meanwhile would survive the sync's reset.)
+  ASSERT_TRUE(eventually([&] { return agent->counters().full_syncs_completed >= 1; }));
+  {
+    std::lock_guard lock(mutex);
+    ASSERT_GE(freezes.size(), 2u);
+    EXPECT_TRUE(freezes[0]);
+    EXPECT_FALSE(freezes[1]);
+  }
+  EXPECT_GT(agent->counters().heartbeats, 0u);
 
   for (std::int64_t h = 1; h <= 120; ++h) agent->report(kCpu, wire::OpType::kAdmit, h);
   ASSERT_TRUE(eventually([&] { return hits_for_others(*agent, 1, 120) == 120; }));
   for (std::int64_t h = 61; h <= 120; ++h) agent->report(kCpu, wire::OpType::kEvict, h);
   ASSERT_TRUE(eventually([&] { return hits_for_others(*agent, 1, 120) == 60; }));
-  EXPECT_EQ(agent->counters().events_sent, 180u);
+  EXPECT_TRUE(eventually([&] { return agent->counters().events_sent == 180u; }));
   EXPECT_EQ(agent->counters().events_dropped, 0u);
-
-  // A fresh controller asks every worker's first heartbeat for a full sync.
-  ASSERT_TRUE(eventually([&] {
-    std::lock_guard lock(mutex);
-    return !syncs.empty();
-  }));
-  {
-    std::lock_guard lock(mutex);
-    EXPECT_EQ(syncs.front(), "controller_restart");
-  }
-  EXPECT_GT(agent->counters().heartbeats, 0u);
 
   // Another agent asks; after inst-A stops cleanly the controller forgets it and its chunks.
   AgentOptions other = options_for(ctl->ports().pull, ctl->ports().reply);
@@ -106,6 +109,34 @@ TEST(WorkerAgent, RegistersReportsHeartbeatsAndDeregisters) {
     const auto* ret = r ? std::get_if<wire::BatchedP2PLookupRetMsg>(&*r) : nullptr;
     return ret && !ret->layout_info.empty() && ret->layout_info[0].num_hit_chunks == 0;
   }));
+}
+
+TEST(WorkerAgent, AFullSyncRebuildsTheIndexAfterTheControllerRestarts) {
+  auto ctl = std::move(controller::Controller::start(loopback())).value();
+  const int pull = ctl->ports().pull, reply = ctl->ports().reply, beat = ctl->ports().heartbeat;
+  std::vector<std::int64_t> held;
+  for (std::int64_t h = 1000; h < 5500; ++h) held.push_back(h);  // 4500 keys: 3 batches of 2000
+  AgentHandlers handlers;
+  handlers.snapshot = [&] { return held; };
+  std::atomic<int> frozen{0};
+  handlers.freeze = [&](bool on) { frozen += on ? 1 : -1; };
+  auto agent = std::move(WorkerAgent::start(options_for(pull, reply), handlers)).value();
+  AgentOptions other = options_for(pull, reply);
+  other.instance_id = "someone-else";
+  other.heartbeat_period = 0ms;
+  auto asker = std::move(WorkerAgent::start(other, {})).value();
+  ASSERT_TRUE(eventually([&] { return agent->counters().full_syncs_completed >= 1; }));
+  EXPECT_EQ(hits_for_others(*asker, 1000, 4500), 4500) << "the first heartbeat's full sync";
+  EXPECT_EQ(frozen.load(), 0);
+
+  // The controller dies and comes back empty on the same ports: the next heartbeat
+  // re-registers the worker and its full sync restores every key.
+  ctl.reset();
+  const auto syncs = agent->counters().full_syncs_completed;
+  ctl = std::move(controller::Controller::start(loopback(pull, reply, beat))).value();
+  ASSERT_TRUE(eventually([&] { return agent->counters().full_syncs_completed > syncs; }));
+  EXPECT_EQ(hits_for_others(*asker, 1000, 4500), 4500);
+  EXPECT_EQ(frozen.load(), 0) << "every freeze was undone";
 }
 
 TEST(WorkerAgent, KeepsTryingToRegisterUntilTheControllerIsUp) {

@@ -38,14 +38,27 @@ struct AgentOptions {
   std::chrono::milliseconds register_backoff_max{5000};
   std::size_t batch_size = 50;                       // kv_msg_batch_size
   std::chrono::milliseconds batch_timeout{10};       // kv_msg_batch_timeout
+  // Full sync (protocol reference §3.8), LMCache's defaults.
+  std::chrono::milliseconds full_sync_startup_delay{5000};  // random wait in [0, this)
+  std::size_t full_sync_batch_size = 2000;
+  int full_sync_start_tries = 3;
+  std::chrono::milliseconds full_sync_retry_delay{1000};
+  std::chrono::milliseconds full_sync_batch_interval{5};
+  std::chrono::milliseconds full_sync_poll_interval{5000};
+  int full_sync_max_polls = 60;
+  int full_sync_max_resends = 3;
 };
 
 struct AgentHandlers {
   // A control request (Clear, Pin, Move, Compress, Decompress, Health, CheckFinish) -> its reply.
   // Unset, or throwing: the controller gets an ErrorMsg saying why.
   std::function<wire::Msg(const wire::Msg& request)> control;
-  // A heartbeat asked for a full sync ("controller_restart", "worker_re_registered", ...).
-  std::function<void(const std::string& reason)> full_sync;
+  // The chunk hashes held in LocalCPUBackend, least recently used first: what a full sync sends.
+  // Unset: heartbeats asking for a full sync are logged and ignored.
+  std::function<std::vector<std::int64_t>()> snapshot;
+  // freeze(true) before a full sync snapshots (no stores, no events), freeze(false) after it,
+  // whatever happened.
+  std::function<void(bool)> freeze;
 };
 
 struct AgentCounters {
@@ -56,6 +69,8 @@ struct AgentCounters {
   std::uint64_t events_dropped = 0;  // could not be queued to the controller (it learns of a gap)
   std::uint64_t control_requests = 0;
   std::uint64_t control_errors = 0;
+  std::uint64_t full_syncs_started = 0;
+  std::uint64_t full_syncs_completed = 0;  // the controller let the worker unfreeze
   bool registered = false;
 };
 
