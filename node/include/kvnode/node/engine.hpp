@@ -1,0 +1,57 @@
+// The node's engine operations over one chunk store, with the protocol reference's semantics
+// (§2.3): lookup counts the leading stored chunks of a token sequence and answers in tokens;
+// pin is a lookup that pins under the request's event id; clear removes every unpinned chunk;
+// health answers 0 when the store's books balance. on_control() is the worker agent's control
+// handler; what the node cannot do (compression, intra-node promotion) gets an ErrorMsg that says
+// so, never a silent 0. put()/get() are the local client's data path for host pools.
+//
+// freeze(true) (a full sync running) refuses new chunks, so nothing stored meanwhile is lost
+// when the controller resets the worker's keys for the sync.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvnode/common/result.hpp"
+#include "kvnode/keys/chunk_hash.hpp"
+#include "kvnode/node/chunk_store.hpp"
+#include "kvnode/wire/messages.hpp"
+
+namespace kvnode::node {
+
+struct EngineOptions {
+  keys::ChunkHashConfig hashing;  // chunk_size, init hash, save_unfull_chunk: as the engine's
+};
+
+class Engine {
+ public:
+  explicit Engine(ChunkStore& store, EngineOptions options = {});
+
+  // The chunk hashes of a token sequence (LMCache's chain).
+  Result<std::vector<ChunkHash>> hashes(std::span<const std::int64_t> tokens) const;
+  // Tokens covered by the leading stored chunks; with a pin id, those chunks are pinned under it.
+  std::size_t lookup_tokens(std::span<const std::int64_t> tokens, const std::string& pin_id = "");
+
+  // Stores one chunk's bytes (exactly a page); readable, and reported, only once all are in.
+  Status put(ChunkHash hash, std::span<const std::byte> bytes);
+  // Copies a stored chunk out; its size, or an error when absent.
+  Result<std::size_t> get(ChunkHash hash, std::span<std::byte> out);
+
+  wire::Msg on_control(const wire::Msg& request);
+
+  void freeze(bool on) { frozen_ = on; }
+  bool frozen() const { return frozen_; }
+  std::vector<std::int64_t> snapshot() const { return store_.snapshot(); }
+  ChunkStore& store() { return store_; }
+
+ private:
+  ChunkStore& store_;
+  EngineOptions options_;
+  std::atomic<bool> frozen_{false};
+};
+
+}  // namespace kvnode::node

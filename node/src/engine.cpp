@@ -1,0 +1,90 @@
+#include "kvnode/node/engine.hpp"
+
+#include <cstring>
+
+namespace kvnode::node {
+
+Engine::Engine(ChunkStore& store, EngineOptions options) : store_(store), options_(options) {}
+
+Result<std::vector<ChunkHash>> Engine::hashes(std::span<const std::int64_t> tokens) const {
+  Result<std::vector<wire::ChunkHash>> wide = keys::chunk_hashes(tokens, options_.hashing);
+  if (!wide) return wide.error();
+  std::vector<ChunkHash> out;
+  out.reserve(wide->size());
+  for (const wire::ChunkHash& h : *wide) {
+    const std::optional<std::int64_t> v = h.as_int64();
+    if (!v) return make_error("a chunk hash does not fit 64 bits");
+    out.push_back(*v);
+  }
+  return out;
+}
+
+std::size_t Engine::lookup_tokens(std::span<const std::int64_t> tokens, const std::string& pin_id) {
+  Result<std::vector<ChunkHash>> h = hashes(tokens);
+  if (!h) return 0;
+  const std::size_t n = store_.leading(*h, pin_id);
+  return n == 0 ? 0 : keys::chunk_end_token(n - 1, tokens.size(), options_.hashing.chunk_size);
+}
+
+Status Engine::put(ChunkHash hash, std::span<const std::byte> bytes) {
+  if (frozen_) return make_error("frozen: a full sync is running");
+  gpu::ChunkPool& pool = store_.pool();
+  if (pool.region().kind() == gpu::MemoryKind::kDevice)
+    return make_error("put into a device pool goes through the GPU client path, not memcpy");
+  if (bytes.size() != pool.page_bytes())
+    return make_error("a chunk is " + std::to_string(pool.page_bytes()) + " bytes, got " +
+                      std::to_string(bytes.size()));
+  Result<gpu::PageId> page = store_.reserve(hash);
+  if (!page) return page.error();
+  std::memcpy(pool.page(*page), bytes.data(), bytes.size());
+  return store_.commit(hash);
+}
+
+Result<std::size_t> Engine::get(ChunkHash hash, std::span<std::byte> out) {
+  gpu::ChunkPool& pool = store_.pool();
+  if (pool.region().kind() == gpu::MemoryKind::kDevice)
+    return make_error("get from a device pool goes through the GPU client path, not memcpy");
+  std::optional<Lease> lease = store_.lease(hash);
+  if (!lease) return make_error("chunk not found");
+  if (out.size() < pool.page_bytes())
+    return make_error("the buffer holds " + std::to_string(out.size()) + " bytes, a chunk " +
+                      std::to_string(pool.page_bytes()));
+  std::memcpy(out.data(), pool.page(lease->page()), pool.page_bytes());
+  return pool.page_bytes();
+}
+
+namespace {
+
+wire::ErrorMsg refuse(const std::string& what) { return wire::ErrorMsg{"kvnode: " + what}; }
+
+}  // namespace
+
+wire::Msg Engine::on_control(const wire::Msg& request) {
+  const std::string& location = store_.location();
+  const auto tokens_in = [&](const std::string& asked) { return asked == location; };
+  if (const auto* m = std::get_if<wire::ClearWorkerMsg>(&request)) {
+    if (!tokens_in(m->location)) return wire::ClearWorkerRetMsg{0};
+    const std::size_t chunks = store_.clear();
+    return wire::ClearWorkerRetMsg{static_cast<std::int64_t>(chunks * options_.hashing.chunk_size)};
+  }
+  if (const auto* m = std::get_if<wire::PinWorkerMsg>(&request)) {
+    if (!tokens_in(m->location)) return wire::PinWorkerRetMsg{0};
+    return wire::PinWorkerRetMsg{static_cast<std::int64_t>(lookup_tokens(m->tokens, m->worker_event_id))};
+  }
+  if (std::holds_alternative<wire::HealthWorkerMsg>(request)) {
+    const StoreCounters c = store_.counters();
+    const bool books_balance = c.chunks + c.reserved <= c.capacity;
+    return wire::HealthWorkerRetMsg{books_balance ? 0 : -1};
+  }
+  if (const auto* m = std::get_if<wire::CompressWorkerMsg>(&request))
+    return refuse("compression ('" + m->method + "') is not supported; chunks stay as stored");
+  if (const auto* m = std::get_if<wire::DecompressWorkerMsg>(&request))
+    return refuse("decompression ('" + m->method + "') is not supported; chunks are never compressed");
+  if (std::holds_alternative<wire::MoveWorkerMsg>(request))
+    return refuse("this node cannot move chunks yet (the transfer plane is not wired to moves)");
+  if (std::holds_alternative<wire::CheckFinishWorkerMsg>(request))
+    return refuse("moves finish before their reply; there is nothing to check");
+  return refuse("unexpected request");
+}
+
+}  // namespace kvnode::node
