@@ -3,6 +3,7 @@
 // foreign chunk size, cancellation and shutdown. Plus the pure parts: run coalescing, lane parsing.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <set>
@@ -184,6 +185,50 @@ INSTANTIATE_TEST_SUITE_P(
         Setup{"shm_staged_initiator", nullptr, Protocol::kAuto, Protocol::kActiveMessage, true, false},
         Setup{"shm_staged_server", nullptr, Protocol::kRma, Protocol::kActiveMessage, false, true}),
     [](const auto& info) { return std::string(info.param.name); });
+
+TEST(Ask, SmallRequestsBetweenNodesGetTheirAnswers) {
+  gpu::ChunkPool a_pool = make_pool(4096, 4, 1);
+  gpu::ChunkPool b_pool = make_pool(4096, 4, 2);
+  for (const char* tls : {"tcp", static_cast<const char*>(nullptr)}) {
+    SCOPED_TRACE(tls ? tls : "default");
+    PlaneOptions o;
+    if (tls) {
+      o.tls = tls;
+      o.net_devices = "lo";
+    }
+    auto silent = must(TransferPlane::start(o, a_pool));  // answers no asks
+    PlaneOptions b_options = o;
+    b_options.on_ask = [](const std::string& peer, const std::vector<std::byte>& req)
+        -> Result<std::vector<std::byte>> {
+      if (req.size() == 1) return make_error("one byte is not a question");
+      std::vector<std::byte> out(req.rbegin(), req.rend());
+      for (char c : peer) out.push_back(static_cast<std::byte>(c));
+      return out;
+    };
+    auto b = must(TransferPlane::start(b_options, b_pool));
+    std::vector<std::byte> question((8 << 10) - 64);  // the answer adds the asker's url
+    for (std::size_t i = 0; i < question.size(); ++i) question[i] = static_cast<std::byte>(i * 13);
+    const std::vector<std::byte> answer = must(silent->ask(b->url(), question).get());
+    ASSERT_EQ(answer.size(), question.size() + silent->url().size());
+    EXPECT_TRUE(std::equal(question.rbegin(), question.rend(), answer.begin()));
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(answer.data()) + question.size(),
+                          silent->url().size()),
+              silent->url());
+    auto failed = silent->ask(b->url(), {std::byte{1}}).get();
+    ASSERT_FALSE(failed);
+    EXPECT_NE(failed.error().message.find("one byte is not a question"), std::string::npos);
+    failed = b->ask(silent->url(), {std::byte{1}, std::byte{2}}).get();
+    ASSERT_FALSE(failed);
+    EXPECT_NE(failed.error().message.find("answers no asks"), std::string::npos);
+    failed = silent->ask(b->url(), std::vector<std::byte>((8 << 10) + 1)).get();
+    ASSERT_FALSE(failed);
+    EXPECT_NE(failed.error().message.find("8 KiB"), std::string::npos);
+    TransferOptions quick;
+    quick.deadline = 500ms;
+    failed = silent->ask("127.0.0.1:1", {std::byte{1}, std::byte{2}}, quick).get();
+    EXPECT_FALSE(failed) << "nobody listens on port 1";
+  }
+}
 
 TEST(Staging, MoreChunksThanSlotsWaitTheirTurn) {
   constexpr std::size_t kPageBytes = 64 << 10;

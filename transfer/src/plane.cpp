@@ -115,10 +115,29 @@ class TransferPlane::Impl {
 
  private:
   struct Command {
-    enum Kind { kSubmit, kCancel } kind;
+    enum Kind { kSubmit, kCancel, kAsk } kind;
     std::unique_ptr<Xfer> xfer;
     TransferId id = 0;
+    std::string peer;  // kAsk
+    PendingAsk ask;
   };
+
+ public:
+  void submit_ask(const std::string& peer, PendingAsk a) {
+    {
+      std::lock_guard lock(commands_mutex_);
+      Command c{Command::kAsk, nullptr, 0, peer, std::move(a)};
+      commands_.push_back(std::move(c));
+    }
+    const std::uint64_t one = 1;
+    (void)::write(wake_.get(), &one, sizeof(one));
+  }
+  std::uint64_t next_ask_id() { return next_id_++; }
+  std::chrono::milliseconds default_deadline() const { return options_.default_deadline; }
+
+ private:
+  Result<Session*> session_for(const std::string& peer);
+  AskHandler ask_handler_;
 
   void run();
   unsigned drain_commands();
@@ -200,6 +219,7 @@ Status TransferPlane::Impl::start_staging() {
 }
 
 Status TransferPlane::Impl::init() {
+  ask_handler_ = options_.on_ask;
   if (memory_kind_ == gpu::MemoryKind::kDevice || options_.stage_through_host) {
     if (Status s = start_staging(); !s) return s;
   }
@@ -297,7 +317,7 @@ TransferId TransferPlane::Impl::submit(bool pull, const std::string& peer,
   const TransferId id = x->id;
   {
     std::lock_guard lock(commands_mutex_);
-    commands_.push_back(Command{Command::kSubmit, std::move(x), id});
+    commands_.push_back(Command{Command::kSubmit, std::move(x), id, {}, {}});
   }
   const std::uint64_t one = 1;
   (void)::write(wake_.get(), &one, sizeof(one));
@@ -307,7 +327,7 @@ TransferId TransferPlane::Impl::submit(bool pull, const std::string& peer,
 void TransferPlane::Impl::cancel(TransferId id) {
   {
     std::lock_guard lock(commands_mutex_);
-    commands_.push_back(Command{Command::kCancel, nullptr, id});
+    commands_.push_back(Command{Command::kCancel, nullptr, id, {}, {}});
   }
   const std::uint64_t one = 1;
   (void)::write(wake_.get(), &one, sizeof(one));
@@ -341,6 +361,15 @@ unsigned TransferPlane::Impl::drain_commands() {
     commands.swap(commands_);
   }
   for (Command& c : commands) {
+    if (c.kind == Command::kAsk) {
+      Result<Session*> s = stopping_ ? Result<Session*>(make_error("the transfer plane stopped"))
+                                     : session_for(c.peer);
+      if (!s)
+        c.ask.done(s.error());
+      else
+        (*s)->ask(std::move(c.ask));
+      continue;
+    }
     if (c.kind == Command::kSubmit) {
       if (stopping_) {
         c.xfer->fail_all(Failure::kCancelled, "the transfer plane stopped");
@@ -376,34 +405,30 @@ void TransferPlane::Impl::start(std::unique_ptr<Xfer> x) {
     x->fail_all(Failure::kInvalid, "no pages to move");
     return report(std::move(x));
   }
-  const auto found = initiators_.find(x->peer);
-  if (found != initiators_.end()) {
-    where_[x->id] = x->peer;
-    found->second->submit(std::move(x));
-    return;
-  }
-  Result<std::pair<std::string, std::uint16_t>> hp = split_url(x->peer);
-  if (!hp) {
-    x->fail_all(Failure::kInvalid, hp.error().message);
+  Result<Session*> s = session_for(x->peer);
+  if (!s) {
+    const bool bad_url = !split_url(x->peer);
+    x->fail_all(bad_url ? Failure::kInvalid : Failure::kConnect, s.error().message);
     return report(std::move(x));
   }
-  Result<std::unique_ptr<Session>> session =
-      Session::create(*context_, Session::Role::kInitiator, x->peer, pool_, options_.protocol,
-                      staging());
-  if (!session) {
-    x->fail_all(Failure::kConnect, session.error().message);
-    return report(std::move(x));
-  }
-  Session& s = **session;
-  s.hello_body = encode(s.local_descriptor(pool_descriptor_));  // read by UCX until sent
-  if (Status dialed = dial_peer(s); !dialed) {
-    x->fail_all(Failure::kConnect, dialed.error().message);
-    return report(std::move(x));
-  }
-  watch(s.event_fd(), true);
   where_[x->id] = x->peer;
-  s.submit(std::move(x));
-  initiators_[s.peer()] = std::move(session).value();
+  (*s)->submit(std::move(x));
+}
+
+Result<Session*> TransferPlane::Impl::session_for(const std::string& peer) {
+  if (const auto found = initiators_.find(peer); found != initiators_.end()) return found->second.get();
+  Result<std::pair<std::string, std::uint16_t>> hp = split_url(peer);
+  if (!hp) return hp.error();
+  Result<std::unique_ptr<Session>> session = Session::create(
+      *context_, Session::Role::kInitiator, peer, pool_, options_.protocol, staging());
+  if (!session) return session.error();
+  Session& s = **session;
+  s.set_ask_handler(&ask_handler_);
+  s.hello_body = encode(s.local_descriptor(pool_descriptor_));  // read by UCX until sent
+  if (Status dialed = dial_peer(s); !dialed) return dialed.error();
+  watch(s.event_fd(), true);
+  initiators_[peer] = std::move(session).value();
+  return &s;
 }
 
 Status TransferPlane::Impl::dial_peer(Session& s) {
@@ -462,8 +487,10 @@ unsigned TransferPlane::Impl::check_dials() {
 
 unsigned TransferPlane::Impl::progress_sessions() {
   unsigned n = 0;
+  const auto now = Clock::now();
   auto one = [&](Session& s) {
     n += s.progress();
+    for (auto& [a, result] : s.take_answered(now)) a.done(std::move(result));
     for (std::unique_ptr<Xfer>& x : s.take_finished()) report(std::move(x));
     for (const std::vector<gpu::PageId>& pages : s.take_written())
       if (options_.on_written) options_.on_written(s.peer(), pages);
@@ -513,6 +540,7 @@ void TransferPlane::Impl::expire(Clock::time_point now) {
 void TransferPlane::Impl::reset(Session& s, Failure failure, TransferId culprit,
                                 const std::string& why) {
   std::vector<std::unique_ptr<Xfer>> failed = s.fail_all(failure, culprit, why);
+  auto asks = s.take_answered(Clock::now());  // fail_all failed the open asks too
   watch(s.event_fd(), false);
   std::unique_ptr<Session> owned;
   if (s.role() == Session::Role::kInitiator) {
@@ -537,6 +565,7 @@ void TransferPlane::Impl::reset(Session& s, Failure failure, TransferId culprit,
     ++counters_.sessions_reset;
   }
   for (std::unique_ptr<Xfer>& x : failed) report(std::move(x));
+  for (auto& [a, result] : asks) a.done(std::move(result));
 }
 
 void TransferPlane::Impl::report(std::unique_ptr<Xfer> x) {
@@ -592,6 +621,7 @@ ucx::Bytes TransferPlane::Impl::answer(const ucx::Bytes& hello, ucp_ep_h control
       Session::create(*context_, Session::Role::kAcceptor, name, pool_, options_.protocol, staging());
   if (!session) return encode_refusal(session.error().message);
   const bool same_host = peer->host == pool_descriptor_.host;
+  (*session)->set_ask_handler(&ask_handler_);
   if (Status s = (*session)->connect(std::move(peer).value(), same_host); !s) {
     spdlog::warn("transfer plane: refused {}: {}", name, s.error().message);
     return encode_refusal(s.error().message);
@@ -676,6 +706,24 @@ std::future<TransferResult> TransferPlane::push(const std::string& peer, std::ve
 }
 
 void TransferPlane::cancel(TransferId id) { impl_->cancel(id); }
+
+std::future<Result<std::vector<std::byte>>> TransferPlane::ask(const std::string& peer,
+                                                               std::vector<std::byte> request,
+                                                               TransferOptions options) {
+  auto promise = std::make_shared<std::promise<Result<std::vector<std::byte>>>>();
+  auto future = promise->get_future();
+  if (request.size() > wire::kMaxAskBytes) {
+    promise->set_value(make_error("an ask carries at most 8 KiB"));
+    return future;
+  }
+  PendingAsk a;
+  a.id = impl_->next_ask_id();
+  a.body = std::move(request);
+  a.deadline = Clock::now() + options.deadline.value_or(impl_->default_deadline());
+  a.done = [promise](Result<std::vector<std::byte>> r) { promise->set_value(std::move(r)); };
+  impl_->submit_ask(peer, std::move(a));
+  return future;
+}
 
 PlaneCounters TransferPlane::counters() const { return impl_->counters(); }
 

@@ -95,7 +95,8 @@ Status Session::install_handlers() {
   const std::pair<unsigned, ucp_am_recv_callback_t> handlers[] = {
       {wire::kPullRequest, &Session::on_pull_request}, {wire::kPullData, &Session::on_pull_data},
       {wire::kPullReject, &Session::on_run_answer},    {wire::kPushData, &Session::on_push_data},
-      {wire::kPushAck, &Session::on_run_answer},       {wire::kWritten, &Session::on_written}};
+      {wire::kPushAck, &Session::on_run_answer},       {wire::kWritten, &Session::on_written},
+      {wire::kAsk, &Session::on_ask},                  {wire::kAnswer, &Session::on_answer}};
   for (const auto& [id, cb] : handlers)
     if (Status s = set_handler(worker_, id, cb, this); !s) return s;
   return {};
@@ -172,6 +173,11 @@ void Session::submit(std::unique_ptr<Xfer> xfer) {
 }
 
 void Session::post_waiting() {
+  while (!asks_waiting_.empty()) {
+    PendingAsk a = std::move(asks_waiting_.front());
+    asks_waiting_.pop_front();
+    post_ask(std::move(a));
+  }
   while (!waiting_.empty()) {
     std::unique_ptr<Xfer> x = std::move(waiting_.front());
     waiting_.pop_front();
@@ -379,6 +385,16 @@ void Session::completed(Op& op, ucs_status_t st) {
     case OpKind::kNotify:
     case OpKind::kPushStage:
     case OpKind::kServeStage:
+    case OpKind::kAnswer:
+      break;
+    case OpKind::kAsk:
+      if (!ok) {
+        const auto it = asks_.find(op.ask.id);
+        if (it != asks_.end()) {
+          answered_.emplace_back(std::move(it->second), make_error(status_text("sending the ask", st)));
+          asks_.erase(it);
+        }
+      }
       break;
   }
 }
@@ -527,6 +543,9 @@ void Session::serve(Deferred& d) {
       send_run_header(OpKind::kAck, wire::kPushAck, d.run,
                       d.run.code == wire::kOk ? "" : "pages outside the pool or a wrong length");
       break;
+    case OpKind::kAnswer:
+      answer_ask(d);
+      break;
     default:
       break;
   }
@@ -553,6 +572,10 @@ std::vector<std::unique_ptr<Xfer>> Session::fail_all(Failure first, TransferId c
     fail(std::move(waiting_.front()));
     waiting_.pop_front();
   }
+  for (auto& [id, a] : asks_) answered_.emplace_back(std::move(a), make_error(why));
+  asks_.clear();
+  for (PendingAsk& a : asks_waiting_) answered_.emplace_back(std::move(a), make_error(why));
+  asks_waiting_.clear();
   return out;
 }
 
@@ -572,101 +595,6 @@ std::optional<TransferId> Session::expired(Clock::time_point now) const {
   for (const auto& x : waiting_)
     if (x->deadline <= now) return x->id;
   return std::nullopt;
-}
-
-// ---- Staging ----------------------------------------------------------------------------------
-
-bool Session::needs_slot(const Deferred& d) const {
-  if (!staging_) return false;
-  return d.kind == OpKind::kPullRecv || d.kind == OpKind::kServeRecv ||
-         d.kind == OpKind::kPushStage || d.kind == OpKind::kServeStage;
-}
-
-std::optional<gpu::PageId> Session::take_slot() { return staging_->ring->allocate(); }
-
-void Session::give_slot(gpu::PageId slot) { (void)staging_->ring->release(slot); }
-
-void Session::start_copy(Copy copy, void* dst, const void* src, std::size_t bytes) {
-  Result<gpu::CopyEngine::Ticket> ticket = staging_->engine->copy(dst, src, bytes);
-  if (!ticket) return landed(copy, Status{ticket.error()});
-  copy.ticket = *ticket;
-  copies_.push_back(copy);
-}
-
-unsigned Session::poll_copies() {
-  unsigned n = 0;
-  for (auto it = copies_.begin(); it != copies_.end();) {
-    Result<bool> done = staging_->engine->done(it->ticket);
-    if (done && !*done) {
-      ++it;
-      continue;
-    }
-    Copy c = *it;
-    it = copies_.erase(it);
-    landed(c, done ? Status{} : Status{done.error()});
-    ++n;
-  }
-  return n;
-}
-
-void Session::landed(Copy& c, const Status& status) {
-  ucp_request_param_t param{};
-  switch (c.kind) {
-    case CopyKind::kPullLanded: {
-      if (c.slot) give_slot(*c.slot);
-      Xfer* x = find(c.xfer);
-      if (!x) break;
-      if (status)
-        x->finish_run(c.run);
-      else
-        x->fail_run(c.run, Failure::kRejected, "copying into the local page: " + status.error().message);
-      break;
-    }
-    case CopyKind::kPushStaged: {
-      Xfer* x = find(c.xfer);
-      if (!x || !status || x->run_state[c.run] != 0) {
-        give_slot(*c.slot);
-        if (x && !status)
-          x->fail_run(c.run, Failure::kRejected, "copying out of the local page: " + status.error().message);
-        break;
-      }
-      const Run& run = x->plan.runs[c.run];
-      Op& op = ops_.emplace_back(Op(OpKind::kPushSend, x->id, c.run));
-      op.push = wire::PushHeader{x->id, wire::RunRequest{c.run, run.remote, run.count}};
-      op.slot = c.slot;
-      settle(ucp_am_send_nbx(endpoint_->get(), wire::kPushData, &op.push, sizeof(op.push),
-                             slot_bytes(*c.slot), pool_.page_bytes, &param));
-      break;
-    }
-    case CopyKind::kServeStaged: {
-      if (!status) {
-        give_slot(*c.slot);
-        send_run_header(OpKind::kAck, wire::kPullReject,
-                        {c.header.transfer, c.header.run, wire::kMalformed}, status.error().message);
-        break;
-      }
-      Op& op = ops_.emplace_back(Op(OpKind::kServeSend));
-      op.run_header = c.header;
-      op.runs = {c.target};
-      op.slot = c.slot;
-      settle(ucp_am_send_nbx(endpoint_->get(), wire::kPullData, &op.run_header,
-                             sizeof(op.run_header), slot_bytes(*c.slot), pool_.page_bytes, &param));
-      break;
-    }
-    case CopyKind::kServeLanded: {
-      if (c.slot) give_slot(*c.slot);
-      if (status) {
-        serve_.bytes += span_bytes(c.target.count);
-        std::vector<gpu::PageId> pages(c.target.count);
-        for (std::uint32_t i = 0; i < c.target.count; ++i) pages[i] = c.target.first + i;
-        written_.push_back(std::move(pages));
-      }
-      send_run_header(OpKind::kAck, wire::kPushAck,
-                      {c.header.transfer, c.header.run, status ? wire::kOk : wire::kMalformed},
-                      status ? "" : status.error().message);
-      break;
-    }
-  }
 }
 
 // ---- Active-message handlers (inside ucp_worker_progress: record, never send) -----------------

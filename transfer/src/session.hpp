@@ -44,6 +44,16 @@ struct Staging {
   gpu::ChunkPool* ring = nullptr;
 };
 
+// A request to the peer's node, waiting for its answer.
+struct PendingAsk {
+  std::uint64_t id = 0;
+  std::vector<std::byte> body;
+  Clock::time_point deadline;
+  std::function<void(Result<std::vector<std::byte>>)> done;
+};
+using AskHandler = std::function<Result<std::vector<std::byte>>(const std::string& peer,
+                                                                const std::vector<std::byte>&)>;
+
 // A transfer this plane started.
 struct Xfer {
   TransferId id = 0;
@@ -89,6 +99,10 @@ class Session {
 
   // Initiator: queue a transfer (posted at once when ready, else when connected).
   void submit(std::unique_ptr<Xfer> xfer);
+  void ask(PendingAsk a);
+  void set_ask_handler(const AskHandler* handler) { ask_handler_ = handler; }
+  // Asks answered, failed or expired since the last call, with their results.
+  std::vector<std::pair<PendingAsk, Result<std::vector<std::byte>>>> take_answered(Clock::time_point now);
   void post_waiting();
   // Progresses the worker, completes operations, serves peers. Returns events handled.
   unsigned progress();
@@ -103,7 +117,7 @@ class Session {
   std::optional<Clock::time_point> earliest_deadline() const;
   std::optional<TransferId> expired(Clock::time_point now) const;
   bool has(TransferId id) const { return xfers_.count(id) != 0; }
-  bool busy() const { return !xfers_.empty() || !ops_.empty(); }
+  bool busy() const { return !xfers_.empty() || !ops_.empty() || !asks_.empty(); }
 
   const std::string& peer() const { return peer_; }
   Role role() const { return role_; }
@@ -132,7 +146,7 @@ class Session {
 
  private:
   enum class OpKind { kGet, kPut, kFlush, kPullRequest, kPushSend, kServeSend, kServeRecv, kAck,
-                      kNotify, kPullRecv, kPushStage, kServeStage };
+                      kNotify, kPullRecv, kPushStage, kServeStage, kAsk, kAnswer };
   enum class CopyKind { kPullLanded, kPushStaged, kServeStaged, kServeLanded };
   struct Op {
     explicit Op(OpKind k, TransferId x = 0, std::uint32_t r = 0) : kind(k), xfer(x), run(r) {}
@@ -146,6 +160,8 @@ class Session {
     std::vector<wire::RunRequest> runs;  // kPullRequest / kNotify bodies, kServeRecv target
     std::string text;                    // kAck / reject reason
     std::optional<gpu::PageId> slot;     // the staging slot UCX reads or writes
+    wire::AskHeader ask{};
+    std::vector<std::byte> body;         // kAsk / kAnswer
   };
   struct Copy {  // a staging copy in flight, and what follows when it lands
     gpu::CopyEngine::Ticket ticket = 0;
@@ -174,6 +190,8 @@ class Session {
     std::vector<wire::RunRequest> runs;
     TransferId transfer = 0;
     std::uint32_t run_index = 0;  // kPushStage
+    wire::AskHeader ask{};        // kAnswer: a peer's ask to answer
+    std::vector<std::byte> body;
   };
 
   Session(Role role, std::string peer, const PoolView& pool, Protocol protocol,
@@ -217,6 +235,12 @@ class Session {
                                    void* data, std::size_t length, const ucp_am_recv_param_t* p);
   static ucs_status_t on_written(void* arg, const void* header, std::size_t header_length,
                                  void* data, std::size_t length, const ucp_am_recv_param_t* p);
+  static ucs_status_t on_ask(void* arg, const void* header, std::size_t header_length, void* data,
+                             std::size_t length, const ucp_am_recv_param_t* p);
+  static ucs_status_t on_answer(void* arg, const void* header, std::size_t header_length,
+                                void* data, std::size_t length, const ucp_am_recv_param_t* p);
+  void post_ask(PendingAsk a);
+  void answer_ask(const Deferred& d);
 
   Role role_;
   std::string peer_;
@@ -246,6 +270,10 @@ class Session {
   std::deque<Deferred> stalled_;  // waiting for a staging slot, in order
   std::list<Copy> copies_;
   std::vector<std::vector<gpu::PageId>> written_;
+  const AskHandler* ask_handler_ = nullptr;
+  std::deque<PendingAsk> asks_waiting_;  // until connected
+  std::map<std::uint64_t, PendingAsk> asks_;
+  std::vector<std::pair<PendingAsk, Result<std::vector<std::byte>>>> answered_;
 };
 
 }  // namespace kvnode::transfer

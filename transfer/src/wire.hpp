@@ -20,6 +20,17 @@ enum AmId : unsigned {
   kPushData = 13,     // initiator -> server: one run's bytes for the server's pool
   kPushAck = 14,      // server -> initiator: a pushed run is in place (or why not)
   kWritten = 15,      // initiator -> server after an RMA push and flush; data: RunRequest[count]
+  kAsk = 16,          // a small request for the peer's node (reserve pages, commit, release)
+  kAnswer = 17,       // its answer
+};
+
+// Asks and answers are small and go eagerly; larger ones are refused before they are sent.
+constexpr std::size_t kMaxAskBytes = 8 << 10;
+
+struct AskHeader {
+  std::uint64_t id = 0;
+  std::uint32_t code = 0;  // kAnswer: 0 answered, 1 no handler, 2 the handler failed
+  std::uint32_t reserved = 0;
 };
 
 // The most runs one request message carries, so it always goes eagerly (12 B each).

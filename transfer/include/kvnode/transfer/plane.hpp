@@ -57,6 +57,11 @@ struct PlaneOptions {
   // Called on the progress thread after a peer wrote pages of our pool (push), once the bytes
   // are in place. The node marks chunks present from here, never earlier.
   std::function<void(const std::string& peer, const std::vector<gpu::PageId>& pages)> on_written;
+  // Answers a peer's ask() (a few KiB at most, both ways), on the progress thread: keep it quick.
+  // Unset: asks are answered with an error.
+  std::function<Result<std::vector<std::byte>>(const std::string& peer,
+                                               const std::vector<std::byte>& request)>
+      on_ask;
 };
 
 struct PageCopy {
@@ -140,6 +145,12 @@ class TransferPlane {
                                    TransferOptions options = {});
   // Fails the transfer with kCancelled (and resets its session) unless it already ended.
   void cancel(TransferId id);
+
+  // A small request/answer with the peer's node over the same session (its on_ask answers):
+  // what two nodes agree on around a transfer, e.g. which pages to write. At most 8 KiB each way.
+  std::future<Result<std::vector<std::byte>>> ask(const std::string& peer,
+                                                  std::vector<std::byte> request,
+                                                  TransferOptions options = {});
 
   PlaneCounters counters() const;
 
