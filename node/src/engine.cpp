@@ -80,8 +80,10 @@ wire::Msg Engine::on_control(const wire::Msg& request) {
     return refuse("compression ('" + m->method + "') is not supported; chunks stay as stored");
   if (const auto* m = std::get_if<wire::DecompressWorkerMsg>(&request))
     return refuse("decompression ('" + m->method + "') is not supported; chunks are never compressed");
-  if (std::holds_alternative<wire::MoveWorkerMsg>(request))
-    return refuse("this node cannot move chunks yet (the transfer plane is not wired to moves)");
+  if (const auto* m = std::get_if<wire::MoveWorkerMsg>(&request)) {
+    if (!mover_) return refuse("this node has no transfer plane to move chunks with");
+    return mover_(*m);
+  }
   if (std::holds_alternative<wire::CheckFinishWorkerMsg>(request))
     return refuse("moves finish before their reply; there is nothing to check");
   return refuse("unexpected request");

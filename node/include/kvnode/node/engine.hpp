@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -43,6 +44,10 @@ class Engine {
 
   wire::Msg on_control(const wire::Msg& request);
 
+  // Who serves MoveWorkerMsg (PeerMoves, once the transfer plane is up).
+  void set_mover(std::function<wire::Msg(const wire::MoveWorkerMsg&)> mover) { mover_ = std::move(mover); }
+  std::size_t chunk_size() const { return options_.hashing.chunk_size; }
+
   void freeze(bool on) { frozen_ = on; }
   bool frozen() const { return frozen_; }
   std::vector<std::int64_t> snapshot() const { return store_.snapshot(); }
@@ -52,6 +57,7 @@ class Engine {
   ChunkStore& store_;
   EngineOptions options_;
   std::atomic<bool> frozen_{false};
+  std::function<wire::Msg(const wire::MoveWorkerMsg&)> mover_;
 };
 
 }  // namespace kvnode::node

@@ -1,0 +1,67 @@
+// Cross-node moves over the transfer plane (protocol reference §4.3), with kvnode's guarantees:
+// the destination reserves pages for the chunks it lacks, the source pushes into them, the
+// destination commits (ADMIT) only chunks whose bytes arrived whole, and with copy=false the
+// source evicts only the chunks the destination confirmed it holds. LMCache evicts whatever
+// happened (§6 D4); a failed move here loses nothing.
+//
+// The two nodes agree through the plane's ask(): small fixed-format messages (an op byte, a
+// count, 64-bit values; every length checked). Reservations a source never commits or releases
+// expire (the source may have died), so a destination never leaks pages to a vanished peer.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kvnode/common/result.hpp"
+#include "kvnode/node/engine.hpp"
+#include "kvnode/transfer/plane.hpp"
+
+namespace kvnode::node {
+
+struct MoveResult {
+  std::size_t chunks_sent = 0;       // pushed and committed at the destination
+  std::size_t chunks_present = 0;    // the destination had them already
+  std::size_t chunks_failed = 0;     // not confirmed: kept at the source
+  std::size_t tokens_confirmed = 0;  // the leading tokens the destination now holds
+  std::size_t bytes = 0;
+  std::string error;                 // why chunks failed, when some did
+};
+
+class PeerMoves {
+ public:
+  // `engine` and `plane` must outlive this; attach on_ask() to the plane's PlaneOptions::on_ask.
+  PeerMoves(Engine& engine, transfer::TransferPlane* plane,
+            std::chrono::seconds reservation_ttl = std::chrono::seconds(60));
+  void set_plane(transfer::TransferPlane* plane) { plane_ = plane; }
+
+  // The source side of MoveWorkerMsg: the leading chunks of `tokens` go to the node at
+  // `peer_url`. Batches of kBatch chunks stream one after another.
+  MoveResult move(const std::string& peer_url, const std::vector<std::int64_t>& tokens, bool copy);
+  // Engine::on_control's Move: the reply the controller gets (num_tokens the destination holds).
+  wire::Msg on_move(const wire::MoveWorkerMsg& m);
+
+  // The destination side: answers a peer's reserve / commit / release.
+  Result<std::vector<std::byte>> on_ask(const std::string& peer, const std::vector<std::byte>& request);
+
+  static constexpr std::size_t kBatch = 256;
+
+ private:
+  struct Reservation {
+    std::string peer;
+    std::chrono::steady_clock::time_point expires;
+  };
+  void expire_reservations();
+
+  Engine& engine_;
+  transfer::TransferPlane* plane_;
+  std::chrono::seconds ttl_;
+  std::mutex mutex_;
+  std::map<ChunkHash, Reservation> reserved_;  // destination: pages reserved for a peer
+};
+
+}  // namespace kvnode::node

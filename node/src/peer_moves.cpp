@@ -1,0 +1,211 @@
+#include "kvnode/node/peer_moves.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <cstring>
+
+namespace kvnode::node {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Ask format: [op u8][count u32][value i64 x count], little-endian; the answer: [count u32][i64 x count].
+enum Op : std::uint8_t { kReserve = 1, kCommit = 2, kRelease = 3 };
+constexpr std::int64_t kHave = -1;     // reserve: the destination holds the chunk already
+constexpr std::int64_t kNoRoom = -2;   // reserve: no page free (all pinned or busy)
+
+std::vector<std::byte> encode(std::uint8_t op, const std::vector<std::int64_t>& values) {
+  std::vector<std::byte> out(1 + 4 + 8 * values.size());
+  out[0] = static_cast<std::byte>(op);
+  const auto n = static_cast<std::uint32_t>(values.size());
+  std::memcpy(out.data() + 1, &n, 4);
+  if (!values.empty()) std::memcpy(out.data() + 5, values.data(), 8 * values.size());
+  return out;
+}
+
+std::vector<std::byte> encode_answer(const std::vector<std::int64_t>& values) {
+  std::vector<std::byte> out(4 + 8 * values.size());
+  const auto n = static_cast<std::uint32_t>(values.size());
+  std::memcpy(out.data(), &n, 4);
+  if (!values.empty()) std::memcpy(out.data() + 4, values.data(), 8 * values.size());
+  return out;
+}
+
+Result<std::vector<std::int64_t>> decode_values(const std::byte* p, std::size_t size) {
+  if (size < 4) return make_error("shorter than its count");
+  std::uint32_t n = 0;
+  std::memcpy(&n, p, 4);
+  if (n > PeerMoves::kBatch) return make_error("more than 256 values");
+  if (size != 4 + 8 * static_cast<std::size_t>(n)) return make_error("its length does not match its count");
+  std::vector<std::int64_t> v(n);
+  if (n) std::memcpy(v.data(), p + 4, 8 * static_cast<std::size_t>(n));
+  return v;
+}
+
+}  // namespace
+
+PeerMoves::PeerMoves(Engine& engine, transfer::TransferPlane* plane, std::chrono::seconds ttl)
+    : engine_(engine), plane_(plane), ttl_(ttl) {}
+
+void PeerMoves::expire_reservations() {
+  const auto now = Clock::now();
+  for (auto it = reserved_.begin(); it != reserved_.end();) {
+    if (it->second.expires > now) {
+      ++it;
+      continue;
+    }
+    spdlog::warn("move from {}: reservation of chunk {} expired", it->second.peer, it->first);
+    engine_.store().abort(it->first);
+    it = reserved_.erase(it);
+  }
+}
+
+Result<std::vector<std::byte>> PeerMoves::on_ask(const std::string& peer,
+                                                 const std::vector<std::byte>& request) {
+  if (request.empty()) return make_error("empty request");
+  Result<std::vector<std::int64_t>> values = decode_values(request.data() + 1, request.size() - 1);
+  if (!values) return make_error("bad request: " + values.error().message);
+  std::lock_guard lock(mutex_);
+  expire_reservations();
+  ChunkStore& store = engine_.store();
+  std::vector<std::int64_t> answer;
+  switch (static_cast<std::uint8_t>(request[0])) {
+    case kReserve:
+      for (std::int64_t h : *values) {
+        if (store.contains(h)) {
+          answer.push_back(kHave);
+          continue;
+        }
+        if (engine_.frozen()) {
+          answer.push_back(kNoRoom);
+          continue;
+        }
+        Result<gpu::PageId> page = store.reserve(h);
+        if (!page) {
+          answer.push_back(kNoRoom);
+          continue;
+        }
+        reserved_[h] = Reservation{peer, Clock::now() + ttl_};
+        answer.push_back(*page);
+      }
+      break;
+    case kCommit:
+      for (std::int64_t h : *values) {
+        const auto it = reserved_.find(h);
+        const bool mine = it != reserved_.end() && it->second.peer == peer;
+        const bool stored = mine && static_cast<bool>(store.commit(h));
+        if (mine) reserved_.erase(it);
+        answer.push_back(stored || store.contains(h) ? 1 : 0);
+      }
+      break;
+    case kRelease:
+      for (std::int64_t h : *values) {
+        const auto it = reserved_.find(h);
+        if (it == reserved_.end() || it->second.peer != peer) continue;
+        store.abort(h);
+        reserved_.erase(it);
+      }
+      break;
+    default:
+      return make_error("unknown request");
+  }
+  return encode_answer(answer);
+}
+
+MoveResult PeerMoves::move(const std::string& peer_url, const std::vector<std::int64_t>& tokens,
+                           bool copy) {
+  MoveResult out;
+  Result<std::vector<ChunkHash>> hashes = engine_.hashes(tokens);
+  if (!hashes || !plane_) {
+    out.error = hashes ? "no transfer plane" : hashes.error().message;
+    return out;
+  }
+  ChunkStore& store = engine_.store();
+  // Leases keep the chunks from being evicted or freed while they are read.
+  std::vector<Lease> leases = store.lease_leading(*hashes);
+  std::vector<ChunkHash> confirmed;  // in order; the leading run of these is what moved
+  bool gap = false;
+  auto ask = [&](std::uint8_t op, const std::vector<std::int64_t>& v) -> Result<std::vector<std::int64_t>> {
+    Result<std::vector<std::byte>> a = plane_->ask(peer_url, encode(op, v)).get();
+    if (!a) return a.error();
+    Result<std::vector<std::int64_t>> values = decode_values(a->data(), a->size());
+    if (!values) return make_error("the destination's answer: " + values.error().message);
+    if (op != kRelease && values->size() != v.size()) return make_error("the destination answered a different count");
+    return values;
+  };
+  for (std::size_t start = 0; start < leases.size(); start += kBatch) {
+    const std::size_t n = std::min(kBatch, leases.size() - start);
+    std::vector<std::int64_t> batch;
+    for (std::size_t i = 0; i < n; ++i) batch.push_back(leases[start + i].hash());
+    Result<std::vector<std::int64_t>> pages = ask(kReserve, batch);
+    if (!pages) {
+      out.error = pages.error().message;
+      out.chunks_failed += leases.size() - start;
+      break;
+    }
+    std::vector<transfer::PageCopy> copies;
+    std::vector<std::int64_t> sent;
+    std::vector<bool> present(n, false);
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::int64_t p = (*pages)[i];
+      if (p == kHave) {
+        present[i] = true;
+      } else if (p >= 0 && p <= static_cast<std::int64_t>(UINT32_MAX)) {
+        copies.push_back({leases[start + i].page(), static_cast<gpu::PageId>(p)});
+        sent.push_back(batch[i]);
+      }
+    }
+    std::vector<std::uint8_t> done;
+    if (!copies.empty()) {
+      const transfer::TransferResult r = plane_->push(peer_url, copies).get();
+      done = r.done;
+      if (!r.ok()) out.error = std::string(transfer::to_string(r.failure)) + ": " + r.message;
+      out.bytes += r.stats.bytes;
+    }
+    std::vector<std::int64_t> to_commit, to_release;
+    for (std::size_t i = 0; i < sent.size(); ++i) (done.at(i) ? to_commit : to_release).push_back(sent[i]);
+    std::vector<std::int64_t> committed_flags;
+    if (!to_commit.empty()) {
+      Result<std::vector<std::int64_t>> c = ask(kCommit, to_commit);
+      if (c) committed_flags = std::move(c).value();
+      else out.error = c.error().message;
+    }
+    if (!to_release.empty()) (void)ask(kRelease, to_release);
+    // Walk the batch in order: what the destination now holds, and where the run breaks.
+    std::map<std::int64_t, bool> stored;
+    for (std::size_t i = 0; i < to_commit.size(); ++i)
+      stored[to_commit[i]] = i < committed_flags.size() && committed_flags[i] == 1;
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::int64_t h = batch[i];
+      bool ok = present[i];
+      if (ok) ++out.chunks_present;
+      else if (const auto it = stored.find(h); it != stored.end() && it->second) {
+        ok = true;
+        ++out.chunks_sent;
+      }
+      if (!ok) ++out.chunks_failed;
+      if (ok) confirmed.push_back(h);
+      if (!ok) gap = true;
+      if (!gap) out.tokens_confirmed = keys::chunk_end_token(start + i, tokens.size(), engine_.chunk_size());
+    }
+  }
+  leases.clear();
+  if (!copy)
+    for (ChunkHash h : confirmed) store.remove(h);  // EVICT only what the destination holds
+  return out;
+}
+
+wire::Msg PeerMoves::on_move(const wire::MoveWorkerMsg& m) {
+  if (m.new_position.location != "LocalCPUBackend")
+    return wire::ErrorMsg{"kvnode: moves go to LocalCPUBackend, not " + m.new_position.location};
+  if (m.old_position != engine_.store().location())
+    return wire::MoveWorkerRetMsg{0};
+  const MoveResult r = move(m.new_position.target, m.tokens.value_or(std::vector<std::int64_t>{}),
+                            m.copy.value_or(true));
+  spdlog::info("move {} to {}: {} chunks sent, {} already there, {} failed{}{}", m.worker_event_id,
+               m.new_position.target, r.chunks_sent, r.chunks_present, r.chunks_failed,
+               r.error.empty() ? "" : ": ", r.error);
+  return wire::MoveWorkerRetMsg{static_cast<std::int64_t>(r.tokens_confirmed)};
+}
+
+}  // namespace kvnode::node

@@ -1,0 +1,180 @@
+// Cross-node moves end to end, in one process with real sockets: a controller, and two nodes
+// each with a chunk pool, store, engine, transfer plane and worker agent. The orchestrator's
+// HTTP /move drives it; lookups through the controller and the destination's bytes check it.
+// Over tcp and over UCX's default transports (shared memory).
+#ifndef CPPHTTPLIB_OPENSSL_SUPPORT
+#define CPPHTTPLIB_OPENSSL_SUPPORT
+#endif
+#ifndef CPPHTTPLIB_ZLIB_SUPPORT
+#define CPPHTTPLIB_ZLIB_SUPPORT
+#endif
+#ifndef CPPHTTPLIB_BROTLI_SUPPORT
+#define CPPHTTPLIB_BROTLI_SUPPORT
+#endif
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <thread>
+
+#include "kvnode/agent/worker_agent.hpp"
+#include "kvnode/controller/controller.hpp"
+#include "kvnode/node/peer_moves.hpp"
+
+namespace kvnode::node {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using Json = nlohmann::json;
+constexpr const char* kCpu = "LocalCPUBackend";
+constexpr std::size_t kChunkBytes = 64 << 10;
+
+std::vector<std::byte> chunk_bytes(ChunkHash h) {
+  std::vector<std::byte> b(kChunkBytes);
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<std::byte>((h * 7 + i) & 0xff);
+  return b;
+}
+
+bool eventually(const std::function<bool()>& c) {
+  for (const auto until = Clock::now() + 15s; !c();) {
+    if (Clock::now() > until) return false;
+    std::this_thread::sleep_for(10ms);
+  }
+  return true;
+}
+
+// One node: what the kvnode daemon assembles, minus the daemon.
+class Node {
+ public:
+  Node(const controller::BoundPorts& ports, const std::string& instance, const char* tls)
+      : pool_(make_pool()),
+        store_(pool_, kCpu,
+               [this](const StoreEvent& e) {
+                 if (auto* a = agent_ptr_.load())
+                   a->report(kCpu, e.kind == StoreEvent::Kind::kAdmit ? wire::OpType::kAdmit
+                                                                       : wire::OpType::kEvict,
+                             e.hash);
+               }),
+        engine_(store_),
+        moves_(engine_, nullptr) {
+    transfer::PlaneOptions po;
+    if (tls) {
+      po.tls = tls;
+      po.net_devices = "lo";
+    }
+    po.on_ask = [this](const std::string& peer, const std::vector<std::byte>& r) {
+      return moves_.on_ask(peer, r);
+    };
+    plane_ = std::move(transfer::TransferPlane::start(po, pool_)).value();
+    moves_.set_plane(plane_.get());
+    engine_.set_mover([this](const wire::MoveWorkerMsg& m) { return moves_.on_move(m); });
+    agent::AgentOptions o;
+    o.instance_id = instance;
+    o.controller_pull_url = "127.0.0.1:" + std::to_string(ports.pull);
+    o.controller_reply_url = "127.0.0.1:" + std::to_string(ports.reply);
+    o.peer_init_url = plane_->url();
+    o.heartbeat_period = 100ms;
+    o.request_timeout = 5s;
+    o.full_sync_startup_delay = 0ms;
+    o.full_sync_poll_interval = 50ms;
+    agent::AgentHandlers h;
+    h.control = [this](const wire::Msg& m) { return engine_.on_control(m); };
+    h.snapshot = [this] { return engine_.snapshot(); };
+    h.freeze = [this](bool on) { engine_.freeze(on); };
+    agent_ = std::move(agent::WorkerAgent::start(o, h)).value();
+    agent_ptr_ = agent_.get();
+  }
+  ~Node() {
+    agent_ptr_ = nullptr;
+    agent_.reset();
+    engine_.set_mover(nullptr);
+    plane_.reset();
+  }
+  Engine& engine() { return engine_; }
+  ChunkStore& store() { return store_; }
+  agent::WorkerAgent& agent() { return *agent_; }
+
+ private:
+  static gpu::ChunkPool make_pool() {
+    gpu::PoolOptions o;
+    o.page_bytes = kChunkBytes;
+    o.pages = 32;
+    return std::move(gpu::ChunkPool::create(o)).value();
+  }
+  gpu::ChunkPool pool_;
+  std::atomic<agent::WorkerAgent*> agent_ptr_{nullptr};
+  ChunkStore store_;
+  Engine engine_;
+  PeerMoves moves_;
+  std::unique_ptr<transfer::TransferPlane> plane_;
+  std::unique_ptr<agent::WorkerAgent> agent_;
+};
+
+class Moves : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(Moves, AMoveCarriesEveryByteAndOnlyConfirmedChunksLeaveTheSource) {
+  controller::ControllerConfig c;
+  c.controller_host = "127.0.0.1";
+  c.controller_port = 0;
+  c.controller_monitor_ports = {0, 0, 0};
+  c.log_level = "warn";
+  auto ctl = std::move(controller::Controller::start(c)).value();
+  Node a(ctl->ports(), "inst-A", GetParam());
+  Node b(ctl->ports(), "inst-B", GetParam());
+  ASSERT_TRUE(eventually([&] {
+    return a.agent().counters().full_syncs_completed >= 1 && b.agent().counters().full_syncs_completed >= 1;
+  }));
+
+  httplib::Client http("127.0.0.1", ctl->ports().http);
+  http.set_read_timeout(30s);
+  auto post = [&](const std::string& path, const Json& body) {
+    auto r = http.Post(path, body.dump(), "application/json");
+    return r && r->status == 200 ? Json::parse(r->body) : Json{{"failed", r ? r->body : path}};
+  };
+  std::vector<std::int64_t> tokens(8 * 256);
+  std::iota(tokens.begin(), tokens.end(), 40000);
+  const std::vector<ChunkHash> hashes = a.engine().hashes(tokens).value();
+  for (ChunkHash h : hashes) ASSERT_TRUE(a.engine().put(h, chunk_bytes(h)));
+  const Json lookup{{"tokens", tokens}};
+  ASSERT_TRUE(eventually([&] {
+    return post("/lookup", lookup)["layout_info"].dump() == R"({"inst-A":["LocalCPUBackend",2048]})";
+  }));
+
+  // B already holds chunk 3: it is neither re-sent nor re-admitted, and still counts as moved.
+  ASSERT_TRUE(b.engine().put(hashes[3], chunk_bytes(hashes[3])));
+  const Json moved = post("/move", Json{{"old_position", {"inst-A", kCpu}},
+                                        {"new_position", {"inst-B", kCpu}},
+                                        {"tokens", tokens}});  // should_copy defaults to false
+  EXPECT_EQ(moved["num_tokens"], 2048) << moved.dump();
+  std::vector<std::byte> out(kChunkBytes);
+  for (ChunkHash h : hashes) {
+    ASSERT_EQ(b.engine().get(h, out).value(), kChunkBytes);
+    ASSERT_EQ(out, chunk_bytes(h)) << "chunk " << h << " at B";
+  }
+  EXPECT_EQ(a.store().counters().chunks, 0u) << "copy=false: every confirmed chunk left A";
+  ASSERT_TRUE(eventually([&] {
+    return post("/lookup", lookup)["layout_info"].dump() == R"({"inst-B":["LocalCPUBackend",2048]})";
+  })) << post("/lookup", lookup).dump();
+
+  // And back with copy=true: both hold every chunk.
+  const Json copied = post("/move", Json{{"old_position", {"inst-B", kCpu}},
+                                         {"new_position", {"inst-A", kCpu}},
+                                         {"tokens", tokens},
+                                         {"should_copy", true}});
+  EXPECT_EQ(copied["num_tokens"], 2048) << copied.dump();
+  EXPECT_EQ(a.store().counters().chunks, 8u);
+  EXPECT_EQ(b.store().counters().chunks, 8u);
+  for (ChunkHash h : hashes) {
+    ASSERT_EQ(a.engine().get(h, out).value(), kChunkBytes);
+    ASSERT_EQ(out, chunk_bytes(h));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, Moves, ::testing::Values("tcp", nullptr),
+                         [](const auto& info) { return std::string(info.param ? "tcp" : "shm"); });
+
+}  // namespace
+}  // namespace kvnode::node
