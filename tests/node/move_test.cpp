@@ -173,6 +173,45 @@ TEST_P(Moves, AMoveCarriesEveryByteAndOnlyConfirmedChunksLeaveTheSource) {
   }
 }
 
+TEST_P(Moves, ADestinationWithoutRoomTakesWhatFitsAndTheSourceKeepsTheRest) {
+  controller::ControllerConfig c;
+  c.controller_host = "127.0.0.1";
+  c.controller_port = 0;
+  c.controller_monitor_ports = {0, 0, 0};
+  c.log_level = "warn";
+  auto ctl = std::move(controller::Controller::start(c)).value();
+  Node a(ctl->ports(), "inst-A", GetParam());
+  Node b(ctl->ports(), "inst-B", GetParam());
+  ASSERT_TRUE(eventually([&] {
+    return a.agent().counters().full_syncs_completed >= 1 && b.agent().counters().full_syncs_completed >= 1;
+  }));
+  // B: 28 of its 32 pages hold pinned chunks, so only 4 can be reserved.
+  std::vector<ChunkHash> pinned;
+  for (ChunkHash h = 1; h <= 28; ++h) {
+    ASSERT_TRUE(b.engine().put(h, chunk_bytes(h)));
+    pinned.push_back(h);
+  }
+  ASSERT_EQ(b.store().leading(pinned, "hold"), 28u);
+
+  std::vector<std::int64_t> tokens(8 * 256);
+  std::iota(tokens.begin(), tokens.end(), 90000);
+  const std::vector<ChunkHash> hashes = a.engine().hashes(tokens).value();
+  for (ChunkHash h : hashes) ASSERT_TRUE(a.engine().put(h, chunk_bytes(h)));
+  httplib::Client http("127.0.0.1", ctl->ports().http);
+  http.set_read_timeout(30s);
+  auto r = http.Post("/move",
+                     Json{{"old_position", {"inst-A", kCpu}}, {"new_position", {"inst-B", kCpu}},
+                          {"tokens", tokens}}.dump(),
+                     "application/json");
+  ASSERT_TRUE(r && r->status == 200) << (r ? r->body : "no reply");
+  EXPECT_EQ(Json::parse(r->body)["num_tokens"], 1024) << "the 4 chunks B could take";
+  for (std::size_t i = 0; i < hashes.size(); ++i) {
+    EXPECT_EQ(a.store().contains(hashes[i]), i >= 4) << "A keeps exactly what B did not confirm: " << i;
+    EXPECT_EQ(b.store().contains(hashes[i]), i < 4) << i;
+  }
+  EXPECT_EQ(b.store().counters().reserved, 0u) << "no reservation left behind";
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, Moves, ::testing::Values("tcp", nullptr),
                          [](const auto& info) { return std::string(info.param ? "tcp" : "shm"); });
 
