@@ -1,0 +1,52 @@
+// kvnode's configuration: LMCache's YAML keys where they mean the same thing (an LMCache config
+// file works as is; keys kvnode does not use are ignored), plus kvnode's own. Sources, later ones
+// winning: defaults, the YAML file (--config), command-line flags. Errors name the key.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kvnode/common/result.hpp"
+
+namespace kvnode::node {
+
+struct NodeConfig {
+  // LMCache keys.
+  std::string lmcache_instance_id = "kvnode";
+  std::string controller_pull_url;         // host:port
+  std::string controller_reply_url;        // host:port
+  std::vector<int> lmcache_worker_ports;   // REP port of rank i; empty: a free port
+  double lmcache_worker_heartbeat_time = 5.0;  // s; 0 turns heartbeats off (LMCache's default)
+  std::string p2p_host = "127.0.0.1";
+  std::vector<int> p2p_init_ports;         // transfer plane port of rank i; empty: a free port
+  std::size_t chunk_size = 256;            // tokens per chunk
+  double max_local_cpu_size = 1.0;         // GB of chunk memory
+
+  // kvnode's own.
+  std::int64_t worker_id = 0;              // the TP rank this process serves
+  std::size_t chunk_bytes = 0;             // bytes per chunk; 0: from the KV shape below
+  std::uint32_t kv_layers = 32, kv_heads = 8, kv_head_size = 128;
+  std::string kv_dtype = "bfloat16";
+  std::string memory = "host";             // host, pinned or device
+  std::string advertise_ip = "127.0.0.1";  // where the controller reaches the REP port
+  int http_port = 0;                       // /metrics and /health; 0: a free port; < 0: off
+  std::string http_host = "127.0.0.1";
+  std::optional<std::string> ucx_tls;      // else UCX_TLS from the environment, else UCX's choice
+  std::optional<std::string> ucx_net_devices;
+  std::string log_level = "info";
+};
+
+struct ConfigOrExit {
+  std::optional<NodeConfig> config;
+  std::string message;  // --help / --version text
+  int exit_code = 0;
+};
+
+Result<ConfigOrExit> load_node_config(const std::vector<std::string>& argv);
+// Chunk bytes (configured, or from the KV shape) and the number of chunks the memory holds.
+Result<std::pair<std::size_t, std::size_t>> pool_geometry(const NodeConfig& c);
+
+}  // namespace kvnode::node

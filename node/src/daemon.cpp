@@ -1,0 +1,191 @@
+#include "kvnode/node/daemon.hpp"
+
+#include <httplib.h>
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <sstream>
+#include <thread>
+
+#include "kvnode/agent/worker_agent.hpp"
+#include "kvnode/node/peer_moves.hpp"
+
+namespace kvnode::node {
+
+// Declared in the order they start; destroyed in reverse (HTTP, agent, plane, moves, ...).
+struct Daemon::Parts {
+  NodeConfig config;
+  std::optional<gpu::ChunkPool> pool;
+  std::atomic<agent::WorkerAgent*> agent_ptr{nullptr};
+  std::optional<ChunkStore> store;
+  std::optional<Engine> engine;
+  std::optional<PeerMoves> moves;
+  std::unique_ptr<transfer::TransferPlane> plane;
+  std::unique_ptr<agent::WorkerAgent> agent;
+  httplib::Server http;
+  std::thread http_thread;
+  int http_port = -1;
+
+  ~Parts() {
+    if (http_thread.joinable()) {
+      http.stop();
+      http_thread.join();
+    }
+    agent_ptr = nullptr;
+    agent.reset();  // flushes events, de-registers
+    if (engine) engine->set_mover(nullptr);
+    plane.reset();
+  }
+};
+
+namespace {
+
+int port_for(const std::vector<int>& ports, std::int64_t rank) {
+  return ports.empty() ? 0 : ports[static_cast<std::size_t>(rank)];
+}
+
+// Prometheus text: what an SRE watches on a node.
+std::string metrics_text(const Daemon::Parts& p) {
+  std::ostringstream out;
+  auto metric = [&](const char* name, const char* type, const char* help, const std::string& labels,
+                    double value) {
+    out << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n"
+        << name << labels << " " << value << "\n";
+  };
+  const StoreCounters s = p.store->counters();
+  const std::string loc = "{location=\"" + p.store->location() + "\"}";
+  metric("kvnode_chunks", "gauge", "Readable chunks.", loc, static_cast<double>(s.chunks));
+  metric("kvnode_chunks_capacity", "gauge", "Pages in the chunk pool.", loc, static_cast<double>(s.capacity));
+  metric("kvnode_chunks_pinned", "gauge", "Readable chunks pinned.", loc, static_cast<double>(s.pinned));
+  metric("kvnode_chunk_bytes", "gauge", "Bytes per chunk.", "", static_cast<double>(p.pool->page_bytes()));
+  metric("kvnode_chunks_admitted_total", "counter", "Chunks that became readable.", loc, static_cast<double>(s.admitted));
+  metric("kvnode_chunks_evicted_total", "counter", "Chunks that stopped being readable.", loc, static_cast<double>(s.evicted));
+  metric("kvnode_chunks_evicted_for_space_total", "counter", "LRU evictions under pressure.", loc,
+         static_cast<double>(s.evicted_for_space));
+  const transfer::PlaneCounters t = p.plane->counters();
+  out << "# HELP kvnode_transfers_total Transfers this node started, by result.\n"
+         "# TYPE kvnode_transfers_total counter\n";
+  for (int f = 0; f < 8; ++f)
+    out << "kvnode_transfers_total{result=\"" << transfer::to_string(static_cast<transfer::Failure>(f))
+        << "\"} " << t.failures[f] << "\n";
+  out << "# HELP kvnode_transfer_bytes_total Bytes moved by the transfer plane.\n"
+         "# TYPE kvnode_transfer_bytes_total counter\n"
+      << "kvnode_transfer_bytes_total{direction=\"pulled\"} " << t.bytes_pulled << "\n"
+      << "kvnode_transfer_bytes_total{direction=\"pushed\"} " << t.bytes_pushed << "\n"
+      << "kvnode_transfer_bytes_total{direction=\"served\"} " << t.bytes_served << "\n";
+  metric("kvnode_transfer_sessions_opened_total", "counter", "Sessions opened to peers.", "", static_cast<double>(t.sessions_opened));
+  metric("kvnode_transfer_sessions_reset_total", "counter", "Sessions reset (peer lost, deadline, cancel).", "",
+         static_cast<double>(t.sessions_reset));
+  metric("kvnode_transfer_requests_rejected_total", "counter", "Peer requests refused.", "",
+         static_cast<double>(t.requests_rejected));
+  const agent::AgentCounters a = p.agent->counters();
+  metric("kvnode_controller_registered", "gauge", "1 once the controller answered registration.", "", a.registered ? 1 : 0);
+  metric("kvnode_controller_heartbeats_total", "counter", "Heartbeats answered.", "", static_cast<double>(a.heartbeats));
+  metric("kvnode_controller_heartbeat_failures_total", "counter", "Heartbeats unanswered.", "",
+         static_cast<double>(a.heartbeat_failures));
+  metric("kvnode_controller_events_sent_total", "counter", "Admit/evict ops sent.", "", static_cast<double>(a.events_sent));
+  metric("kvnode_controller_events_dropped_total", "counter", "Admit/evict ops that could not be sent.", "",
+         static_cast<double>(a.events_dropped));
+  metric("kvnode_control_requests_total", "counter", "Control requests served.", "", static_cast<double>(a.control_requests));
+  metric("kvnode_control_errors_total", "counter", "Control requests answered with ErrorMsg.", "",
+         static_cast<double>(a.control_errors));
+  metric("kvnode_full_syncs_completed_total", "counter", "Full syncs the controller confirmed.", "",
+         static_cast<double>(a.full_syncs_completed));
+  return out.str();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Daemon>> Daemon::start(const NodeConfig& c) {
+  auto p = std::make_unique<Parts>();
+  p->config = c;
+  Result<std::pair<std::size_t, std::size_t>> geometry = pool_geometry(c);
+  if (!geometry) return geometry.error();
+  Result<gpu::MemoryKind> kind = gpu::parse_memory_kind(c.memory);
+  if (!kind) return kind.error();
+  gpu::PoolOptions po;
+  po.page_bytes = geometry->first;
+  po.pages = geometry->second;
+  po.region.kind = *kind;
+  Result<gpu::ChunkPool> pool = gpu::ChunkPool::create(po);
+  if (!pool) return make_error("chunk memory: " + pool.error().message);
+  p->pool.emplace(std::move(pool).value());
+  spdlog::info("kvnode: {} chunks of {} bytes in {} memory", po.pages, po.page_bytes, c.memory);
+
+  Parts* raw = p.get();
+  const std::string location = "LocalCPUBackend";
+  p->store.emplace(*p->pool, location, [raw, location](const StoreEvent& e) {
+    if (auto* a = raw->agent_ptr.load())
+      a->report(location, e.kind == StoreEvent::Kind::kAdmit ? wire::OpType::kAdmit : wire::OpType::kEvict,
+                e.hash);
+  });
+  EngineOptions eo;
+  eo.hashing.chunk_size = c.chunk_size;
+  p->engine.emplace(*p->store, eo);
+  p->moves.emplace(*p->engine, nullptr);
+
+  transfer::PlaneOptions plane;
+  plane.host = c.p2p_host;
+  plane.port = static_cast<std::uint16_t>(port_for(c.p2p_init_ports, c.worker_id));
+  plane.tls = c.ucx_tls;
+  plane.net_devices = c.ucx_net_devices;
+  plane.on_ask = [raw](const std::string& peer, const std::vector<std::byte>& r) {
+    return raw->moves->on_ask(peer, r);
+  };
+  Result<std::unique_ptr<transfer::TransferPlane>> started = transfer::TransferPlane::start(plane, *p->pool);
+  if (!started) return started.error();
+  p->plane = std::move(started).value();
+  p->moves->set_plane(p->plane.get());
+  p->engine->set_mover([raw](const wire::MoveWorkerMsg& m) { return raw->moves->on_move(m); });
+
+  agent::AgentOptions ao;
+  ao.instance_id = c.lmcache_instance_id;
+  ao.worker_id = c.worker_id;
+  ao.controller_pull_url = c.controller_pull_url;
+  ao.controller_reply_url = c.controller_reply_url;
+  ao.ip = c.advertise_ip;
+  ao.worker_port = port_for(c.lmcache_worker_ports, c.worker_id);
+  ao.peer_init_url = p->plane->url();
+  ao.heartbeat_period = std::chrono::milliseconds(static_cast<long>(c.lmcache_worker_heartbeat_time * 1000));
+  agent::AgentHandlers h;
+  h.control = [raw](const wire::Msg& m) { return raw->engine->on_control(m); };
+  h.snapshot = [raw] { return raw->engine->snapshot(); };
+  h.freeze = [raw](bool on) { raw->engine->freeze(on); };
+  Result<std::unique_ptr<agent::WorkerAgent>> a = agent::WorkerAgent::start(ao, h);
+  if (!a) return a.error();
+  p->agent = std::move(a).value();
+  p->agent_ptr = p->agent.get();
+
+  if (c.http_port >= 0) {
+    p->http.Get("/health", [raw](const httplib::Request&, httplib::Response& res) {
+      const bool registered = raw->agent->registered();
+      res.status = 200;
+      res.set_content(std::string("{\"status\":\"ok\",\"registered\":") + (registered ? "true" : "false") +
+                          ",\"peer_init_url\":\"" + raw->plane->url() + "\"}",
+                      "application/json");
+    });
+    p->http.Get("/metrics", [raw](const httplib::Request&, httplib::Response& res) {
+      res.set_content(metrics_text(*raw), "text/plain; version=0.0.4; charset=utf-8");
+    });
+    p->http_port = c.http_port == 0 ? p->http.bind_to_any_port(c.http_host)
+                                    : (p->http.bind_to_port(c.http_host, c.http_port) ? c.http_port : -1);
+    if (p->http_port < 0)
+      return make_error("cannot listen for HTTP at " + c.http_host + ":" + std::to_string(c.http_port));
+    p->http_thread = std::thread([raw] { raw->http.listen_after_bind(); });
+  }
+  return std::unique_ptr<Daemon>(new Daemon(std::move(p)));
+}
+
+Daemon::Daemon(std::unique_ptr<Parts> parts) : parts_(std::move(parts)) {}
+Daemon::~Daemon() = default;
+
+DaemonPorts Daemon::ports() const {
+  const std::string url = parts_->plane->url();
+  return DaemonPorts{parts_->agent->port(), std::stoi(url.substr(url.rfind(':') + 1)), parts_->http_port};
+}
+
+std::string Daemon::peer_init_url() const { return parts_->plane->url(); }
+
+std::string Daemon::metrics() const { return metrics_text(*parts_); }
+
+}  // namespace kvnode::node

@@ -1,0 +1,141 @@
+// The kvnode binary as a process against a real controller: configuration from an LMCache-style
+// YAML file with flags on top, registration, /health and /metrics, a clean stop on SIGTERM that
+// de-registers, and clear errors for bad configuration.
+#ifndef CPPHTTPLIB_OPENSSL_SUPPORT
+#define CPPHTTPLIB_OPENSSL_SUPPORT
+#endif
+#ifndef CPPHTTPLIB_ZLIB_SUPPORT
+#define CPPHTTPLIB_ZLIB_SUPPORT
+#endif
+#ifndef CPPHTTPLIB_BROTLI_SUPPORT
+#define CPPHTTPLIB_BROTLI_SUPPORT
+#endif
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <thread>
+
+#include "kvnode/controller/controller.hpp"
+#include "kvnode/node/node_config.hpp"
+#include "support/child_process.hpp"
+
+namespace kvnode::node {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+std::string write_file(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(NodeConfig, AnLmcacheYamlWorksAndFlagsWin) {
+  const std::string yaml = write_file("kvnode_cfg.yaml", R"(
+chunk_size: 256
+local_cpu: true
+max_local_cpu_size: 0.5
+lmcache_instance_id: "lmcache_instance_7"
+controller_pull_url: "10.0.0.1:8300"
+controller_reply_url: "10.0.0.1:8400"
+lmcache_worker_ports: [8500, 8501]
+lmcache_worker_heartbeat_time: 2
+p2p_host: "10.0.0.5"
+p2p_init_ports: [8200, 8202]
+enable_p2p: true
+kvnode_kv_layers: 32
+)");
+  auto r = load_node_config({"kvnode", "--config", yaml, "--worker-id", "1", "--p2p-host", "10.0.0.6"});
+  ASSERT_TRUE(r) << r.error().message;
+  const NodeConfig& c = *r->config;
+  EXPECT_EQ(c.lmcache_instance_id, "lmcache_instance_7");
+  EXPECT_EQ(c.lmcache_worker_ports, (std::vector<int>{8500, 8501}));
+  EXPECT_EQ(c.p2p_host, "10.0.0.6") << "the flag wins over the file";
+  EXPECT_EQ(c.worker_id, 1);
+  EXPECT_DOUBLE_EQ(c.lmcache_worker_heartbeat_time, 2.0);
+  const auto g = pool_geometry(c).value();
+  EXPECT_EQ(g.first, 32u << 20) << "Llama-3.1-8B shape: 32 MiB per 256-token chunk";
+  EXPECT_EQ(g.second, 14u);  // 0.5 GB / 32 MiB
+
+  auto error_of = [](const std::vector<std::string>& argv) {
+    auto e = load_node_config(argv);
+    return e ? std::string("accepted") : e.error().message;
+  };
+  EXPECT_NE(error_of({"kvnode"}).find("controller_pull_url"), std::string::npos);
+  EXPECT_NE(error_of({"kvnode", "--config", yaml, "--worker-id", "2"}).find("lmcache_worker_ports: no port for worker 2"),
+            std::string::npos);
+  EXPECT_NE(error_of({"kvnode", "--config", "/nonexistent.yaml"}).find("/nonexistent.yaml"), std::string::npos);
+  const std::string bad = write_file("kvnode_bad.yaml", "chunk_size: [1, 2]\ncontroller_pull_url: a:1\n");
+  EXPECT_NE(error_of({"kvnode", "--config", bad}).find("chunk_size"), std::string::npos);
+  EXPECT_NE(error_of({"kvnode", "--controller-pull-url", "a:1", "--controller-reply-url", "a:2",
+                      "--max-local-cpu-size", "0.001"})
+                .find("holds no chunk"),
+            std::string::npos);
+  EXPECT_NE(error_of({"kvnode", "--memory", "disk"}).find("memory"), std::string::npos);
+}
+
+TEST(KvnodeProcess, RegistersServesHealthAndMetricsAndStopsCleanly) {
+  controller::ControllerConfig cc;
+  cc.controller_host = "127.0.0.1";
+  cc.controller_port = 0;
+  cc.controller_monitor_ports = {0, 0, 0};
+  cc.log_level = "warn";
+  auto ctl = std::move(controller::Controller::start(cc)).value();
+  const int http_port = free_port();
+  test::ChildProcess node({KVNODE_PATH, "--instance-id", "proc-node",
+                           "--controller-pull-url", "127.0.0.1:" + std::to_string(ctl->ports().pull),
+                           "--controller-reply-url", "127.0.0.1:" + std::to_string(ctl->ports().reply),
+                           "--chunk-bytes", "65536", "--max-local-cpu-size", "0.01",
+                           "--http-port", std::to_string(http_port), "--heartbeat-time", "0.2",
+                           "--ucx-tls", "tcp", "--ucx-net-devices", "lo"});
+  httplib::Client http("127.0.0.1", http_port);
+  http.set_connection_timeout(1s);
+  std::string health;
+  for (auto until = Clock::now() + 20s; Clock::now() < until; std::this_thread::sleep_for(50ms)) {
+    auto r = http.Get("/health");
+    if (r && r->status == 200 && r->body.find("\"registered\":true") != std::string::npos) {
+      health = r->body;
+      break;
+    }
+    ASSERT_TRUE(node.running()) << node.describe_exit() << "\n" << node.output();
+  }
+  ASSERT_FALSE(health.empty()) << node.output();
+  EXPECT_NE(health.find("\"peer_init_url\":\"127.0.0.1:"), std::string::npos) << health;
+  auto metrics = http.Get("/metrics");
+  ASSERT_TRUE(metrics && metrics->status == 200);
+  for (const char* line : {"kvnode_chunks{location=\"LocalCPUBackend\"} 0",
+                           "kvnode_chunks_capacity{location=\"LocalCPUBackend\"} 152",
+                           "kvnode_controller_registered 1", "kvnode_chunk_bytes 65536",
+                           "kvnode_transfers_total{result=\"timeout\"} 0"})
+    EXPECT_NE(metrics->body.find(line), std::string::npos) << line << "\n" << metrics->body;
+  node.signal(SIGTERM);
+  for (auto until = Clock::now() + 10s; Clock::now() < until && node.running();)
+    std::this_thread::sleep_for(20ms);
+  EXPECT_FALSE(node.running());
+  EXPECT_EQ(node.describe_exit(), "exited with code 0") << node.output();
+
+  test::ChildProcess bad({KVNODE_PATH, "--memory", "disk"});
+  for (auto until = Clock::now() + 10s; Clock::now() < until && bad.running();)
+    std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(bad.describe_exit(), "exited with code 2");
+}
+
+}  // namespace
+}  // namespace kvnode::node
