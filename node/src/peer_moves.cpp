@@ -10,7 +10,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Ask format: [op u8][count u32][value i64 x count], little-endian; the answer: [count u32][i64 x count].
-enum Op : std::uint8_t { kReserve = 1, kCommit = 2, kRelease = 3 };
+enum Op : std::uint8_t { kReserve = 1, kCommit = 2, kRelease = 3, kLease = 4, kUnlease = 5 };
 constexpr std::int64_t kHave = -1;     // reserve: the destination holds the chunk already
 constexpr std::int64_t kNoRoom = -2;   // reserve: no page free (all pinned or busy)
 
@@ -44,6 +44,21 @@ Result<std::vector<std::int64_t>> decode_values(const std::byte* p, std::size_t 
 
 }  // namespace
 
+Locate locate_through(std::function<Result<wire::Msg>(const wire::Msg&)> call, std::string instance,
+                      std::int64_t rank) {
+  return [call = std::move(call), instance = std::move(instance),
+          rank](const std::vector<ChunkHash>& hashes) -> Result<std::pair<std::string, std::size_t>> {
+    wire::BatchedP2PLookupMsg q{{}, instance, rank};
+    for (ChunkHash h : hashes) q.hashes.emplace_back(h);
+    Result<wire::Msg> r = call(q);
+    if (!r) return make_error("P2P lookup: " + r.error().message);
+    const auto* ret = std::get_if<wire::BatchedP2PLookupRetMsg>(&*r);
+    if (!ret || ret->layout_info.empty()) return make_error("P2P lookup: no answer from the controller");
+    const wire::P2PLayout& l = ret->layout_info[0];
+    return std::make_pair(l.peer_init_url, static_cast<std::size_t>(std::max<std::int64_t>(0, l.num_hit_chunks)));
+  };
+}
+
 PeerMoves::PeerMoves(Engine& engine, transfer::TransferPlane* plane, std::chrono::seconds ttl)
     : engine_(engine), plane_(plane), ttl_(ttl) {}
 
@@ -57,6 +72,14 @@ void PeerMoves::expire_reservations() {
     spdlog::warn("move from {}: reservation of chunk {} expired", it->second.peer, it->first);
     engine_.store().abort(it->first);
     it = reserved_.erase(it);
+  }
+  for (auto it = leased_.begin(); it != leased_.end();) {
+    if (it->second.expires > now) {
+      ++it;
+      continue;
+    }
+    spdlog::warn("retrieval by {}: lease of chunk {} expired", it->first.first, it->first.second);
+    it = leased_.erase(it);
   }
 }
 
@@ -105,6 +128,18 @@ Result<std::vector<std::byte>> PeerMoves::on_ask(const std::string& peer,
         store.abort(h);
         reserved_.erase(it);
       }
+      break;
+    case kLease:  // the leading chunks the peer may read now: their pages, held till kUnlease
+      for (std::int64_t h : *values) {
+        std::optional<Lease> lease = store.lease(h);
+        if (!lease) break;
+        answer.push_back(lease->page());
+        leased_.erase({peer, h});
+        leased_.emplace(std::make_pair(peer, h), Held{std::move(*lease), Clock::now() + ttl_});
+      }
+      break;
+    case kUnlease:
+      for (std::int64_t h : *values) leased_.erase({peer, h});
       break;
     default:
       return make_error("unknown request");
@@ -192,6 +227,73 @@ MoveResult PeerMoves::move(const std::string& peer_url, const std::vector<std::i
   leases.clear();
   if (!copy)
     for (ChunkHash h : confirmed) store.remove(h);  // EVICT only what the destination holds
+  return out;
+}
+
+RetrieveResult PeerMoves::retrieve(const std::vector<std::int64_t>& tokens, const Locate& locate) {
+  RetrieveResult out;
+  Result<std::vector<ChunkHash>> hashes = engine_.hashes(tokens);
+  if (!hashes || !plane_) {
+    out.error = hashes ? "no transfer plane" : hashes.error().message;
+    return out;
+  }
+  ChunkStore& store = engine_.store();
+  const std::size_t chunk = engine_.chunk_size();
+  out.chunks_local = store.leading(*hashes);
+  std::size_t held = out.chunks_local;
+  auto tokens_of = [&](std::size_t chunks) {
+    return chunks == 0 ? std::size_t{0} : keys::chunk_end_token(chunks - 1, tokens.size(), chunk);
+  };
+  if (held == hashes->size()) {
+    out.tokens = tokens_of(held);
+    return out;
+  }
+  Result<std::pair<std::string, std::size_t>> where = locate(*hashes);
+  if (!where || where->second <= held || where->first.empty()) {
+    out.error = where ? "no peer holds more of it" : where.error().message;
+    out.tokens = tokens_of(held);
+    return out;
+  }
+  out.peer = where->first;
+  const std::size_t end = std::min(where->second, hashes->size());
+  while (held < end) {
+    const std::size_t n = std::min(kBatch, end - held);
+    std::vector<std::int64_t> batch(hashes->begin() + static_cast<std::ptrdiff_t>(held),
+                                    hashes->begin() + static_cast<std::ptrdiff_t>(held + n));
+    Result<std::vector<std::byte>> a = plane_->ask(out.peer, encode(kLease, batch)).get();
+    Result<std::vector<std::int64_t>> remote =
+        a ? decode_values(a->data(), a->size()) : Result<std::vector<std::int64_t>>(a.error());
+    if (!remote || remote->empty() || remote->size() > n) {
+      out.error = remote ? "the peer no longer holds them" : remote.error().message;
+      break;
+    }
+    const std::size_t got = remote->size();
+    std::vector<std::int64_t> leased(batch.begin(), batch.begin() + static_cast<std::ptrdiff_t>(got));
+    std::vector<transfer::PageCopy> copies;
+    std::size_t reserved = 0;
+    for (; reserved < got; ++reserved) {
+      Result<gpu::PageId> page = store.reserve(leased[reserved]);
+      if (!page) break;  // no room: pull what fits
+      copies.push_back({*page, static_cast<gpu::PageId>((*remote)[reserved])});
+    }
+    transfer::TransferResult r;
+    if (!copies.empty()) r = plane_->pull(out.peer, copies).get();
+    std::size_t stored = 0;
+    for (std::size_t i = 0; i < reserved; ++i) {
+      const bool whole = i < r.done.size() && r.done[i] && stored == i;
+      if (whole && store.commit(leased[i])) {
+        ++stored;
+      } else {
+        store.abort(leased[i]);
+      }
+    }
+    (void)plane_->ask(out.peer, encode(kUnlease, leased)).get();
+    held += stored;
+    out.chunks_pulled += stored;
+    if (!r.ok() && !copies.empty()) out.error = std::string(transfer::to_string(r.failure)) + ": " + r.message;
+    if (stored < n) break;  // the leading run ends here
+  }
+  out.tokens = tokens_of(held);
   return out;
 }
 

@@ -50,7 +50,8 @@ bool eventually(const std::function<bool()>& c) {
 class Node {
  public:
   Node(const controller::BoundPorts& ports, const std::string& instance, const char* tls)
-      : pool_(make_pool()),
+      : instance_(instance),
+        pool_(make_pool()),
         store_(pool_, kCpu,
                [this](const StoreEvent& e) {
                  if (auto* a = agent_ptr_.load())
@@ -93,6 +94,10 @@ class Node {
     engine_.set_mover(nullptr);
     plane_.reset();
   }
+  RetrieveResult retrieve(const std::vector<std::int64_t>& tokens) {
+    return moves_.retrieve(
+        tokens, locate_through([this](const wire::Msg& m) { return agent_->call(m); }, instance_, 0));
+  }
   Engine& engine() { return engine_; }
   ChunkStore& store() { return store_; }
   agent::WorkerAgent& agent() { return *agent_; }
@@ -104,6 +109,7 @@ class Node {
     o.pages = 32;
     return std::move(gpu::ChunkPool::create(o)).value();
   }
+  std::string instance_;
   gpu::ChunkPool pool_;
   std::atomic<agent::WorkerAgent*> agent_ptr_{nullptr};
   ChunkStore store_;
@@ -210,6 +216,47 @@ TEST_P(Moves, ADestinationWithoutRoomTakesWhatFitsAndTheSourceKeepsTheRest) {
     EXPECT_EQ(b.store().contains(hashes[i]), i < 4) << i;
   }
   EXPECT_EQ(b.store().counters().reserved, 0u) << "no reservation left behind";
+}
+
+TEST_P(Moves, ALocalMissIsPulledFromThePeerTheControllerNames) {
+  controller::ControllerConfig c;
+  c.controller_host = "127.0.0.1";
+  c.controller_port = 0;
+  c.controller_monitor_ports = {0, 0, 0};
+  c.log_level = "warn";
+  auto ctl = std::move(controller::Controller::start(c)).value();
+  Node a(ctl->ports(), "inst-A", GetParam());
+  Node b(ctl->ports(), "inst-B", GetParam());
+  ASSERT_TRUE(eventually([&] {
+    return a.agent().counters().full_syncs_completed >= 1 && b.agent().counters().full_syncs_completed >= 1;
+  }));
+  std::vector<std::int64_t> tokens(8 * 256);
+  std::iota(tokens.begin(), tokens.end(), 7000);
+  const std::vector<ChunkHash> hashes = a.engine().hashes(tokens).value();
+  for (std::size_t i = 0; i < 6; ++i) ASSERT_TRUE(a.engine().put(hashes[i], chunk_bytes(hashes[i])));
+  ASSERT_TRUE(b.engine().put(hashes[0], chunk_bytes(hashes[0])));  // B has the first already
+  ASSERT_TRUE(eventually([&] {  // the controller has heard of A's chunks
+    wire::BatchedP2PLookupMsg q{{}, "inst-B", 0};
+    for (ChunkHash h : hashes) q.hashes.emplace_back(h);
+    auto r = b.agent().call(q);
+    const auto* ret = r ? std::get_if<wire::BatchedP2PLookupRetMsg>(&*r) : nullptr;
+    return ret && !ret->layout_info.empty() && ret->layout_info[0].num_hit_chunks == 6;
+  }));
+  const RetrieveResult r = b.retrieve(tokens);
+  EXPECT_TRUE(r.error.empty()) << r.error;
+  EXPECT_EQ(r.chunks_local, 1u);
+  EXPECT_EQ(r.chunks_pulled, 5u);
+  EXPECT_EQ(r.tokens, 6u * 256);
+  std::vector<std::byte> out(kChunkBytes);
+  for (std::size_t i = 0; i < 6; ++i) {
+    ASSERT_EQ(b.engine().get(hashes[i], out).value(), kChunkBytes);
+    ASSERT_EQ(out, chunk_bytes(hashes[i])) << "chunk " << i;
+  }
+  EXPECT_FALSE(b.store().contains(hashes[6]));
+  EXPECT_EQ(a.store().counters().chunks, 6u) << "retrieval copies; the holder keeps its chunks";
+  const RetrieveResult again = b.retrieve(tokens);
+  EXPECT_EQ(again.chunks_local, 6u);
+  EXPECT_EQ(again.chunks_pulled, 0u) << "nobody holds more than B now";
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, Moves, ::testing::Values("tcp", nullptr),

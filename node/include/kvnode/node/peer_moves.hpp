@@ -1,8 +1,13 @@
-// Cross-node moves over the transfer plane (protocol reference §4.3), with kvnode's guarantees:
+// Chunks between nodes over the transfer plane: cross-node moves (protocol reference §4.3) and
+// P2P retrieval (§4.2). Moves, with kvnode's guarantees:
 // the destination reserves pages for the chunks it lacks, the source pushes into them, the
 // destination commits (ADMIT) only chunks whose bytes arrived whole, and with copy=false the
 // source evicts only the chunks the destination confirmed it holds. LMCache evicts whatever
 // happened (§6 D4); a failed move here loses nothing.
+//
+// Retrieval: the requester asks the controller who holds the chunks it lacks, the holder leases
+// them (so they stay put while read), the requester pulls them into pages it reserved and
+// commits those that arrived whole (ADMIT from the requester), then the holder drops the leases.
 //
 // The two nodes agree through the plane's ask(): small fixed-format messages (an op byte, a
 // count, 64-bit values; every length checked). Reservations a source never commits or releases
@@ -12,6 +17,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -22,6 +28,23 @@
 #include "kvnode/transfer/plane.hpp"
 
 namespace kvnode::node {
+
+struct RetrieveResult {
+  std::size_t tokens = 0;         // leading tokens now held locally
+  std::size_t chunks_local = 0;   // held before
+  std::size_t chunks_pulled = 0;  // pulled from the peer and stored
+  std::string peer;               // who had them ("" when nobody)
+  std::string error;
+};
+
+// Who holds the leading chunks of a request: (peer_init_url, leading hits there), from the
+// controller's BatchedP2PLookupMsg.
+using Locate = std::function<Result<std::pair<std::string, std::size_t>>(const std::vector<ChunkHash>&)>;
+
+// A Locate that asks the controller over `call` (the worker agent's DEALER): BatchedP2PLookupMsg
+// with this worker's instance and TP rank, so the holder found serves the same rank.
+Locate locate_through(std::function<Result<wire::Msg>(const wire::Msg&)> call, std::string instance,
+                      std::int64_t rank);
 
 struct MoveResult {
   std::size_t chunks_sent = 0;       // pushed and committed at the destination
@@ -44,6 +67,8 @@ class PeerMoves {
   MoveResult move(const std::string& peer_url, const std::vector<std::int64_t>& tokens, bool copy);
   // Engine::on_control's Move: the reply the controller gets (num_tokens the destination holds).
   wire::Msg on_move(const wire::MoveWorkerMsg& m);
+  // P2P retrieval of the chunks of `tokens` this node lacks, from the node `locate` names.
+  RetrieveResult retrieve(const std::vector<std::int64_t>& tokens, const Locate& locate);
 
   // The destination side: answers a peer's reserve / commit / release.
   Result<std::vector<std::byte>> on_ask(const std::string& peer, const std::vector<std::byte>& request);
@@ -62,6 +87,11 @@ class PeerMoves {
   std::chrono::seconds ttl_;
   std::mutex mutex_;
   std::map<ChunkHash, Reservation> reserved_;  // destination: pages reserved for a peer
+  struct Held {
+    Lease lease;
+    std::chrono::steady_clock::time_point expires;
+  };
+  std::map<std::pair<std::string, ChunkHash>, Held> leased_;  // holder: chunks a peer is reading
 };
 
 }  // namespace kvnode::node
