@@ -22,6 +22,7 @@
 #include "kvnode/agent/worker_agent.hpp"
 #include "kvnode/controller/controller.hpp"
 #include "kvnode/node/peer_moves.hpp"
+#include "support/child_process.hpp"
 
 namespace kvnode::node {
 namespace {
@@ -261,6 +262,69 @@ TEST_P(Moves, ALocalMissIsPulledFromThePeerTheControllerNames) {
 
 INSTANTIATE_TEST_SUITE_P(Transports, Moves, ::testing::Values("tcp", nullptr),
                          [](const auto& info) { return std::string(info.param ? "tcp" : "shm"); });
+
+}  // namespace
+}  // namespace kvnode::node
+
+namespace kvnode::node {
+namespace {
+
+// kvctl as the orchestrator's tool, a process against the same rig: lookup, move with its
+// achieved rate, clear, health, workers, and a clear exit code when the controller is away.
+std::string run_kvctl(const std::vector<std::string>& args, int* code) {
+  test::ChildProcess p(args);
+  for (auto until = Clock::now() + 30s; Clock::now() < until && p.running();)
+    std::this_thread::sleep_for(10ms);
+  const std::string exit = p.describe_exit();
+  *code = exit.starts_with("exited with code ") ? std::stoi(exit.substr(17)) : -1;
+  return p.output();
+}
+
+TEST(Kvctl, DrivesTheControllerAsAnOrchestratorDoes) {
+  controller::ControllerConfig c;
+  c.controller_host = "127.0.0.1";
+  c.controller_port = 0;
+  c.controller_monitor_ports = {0, 0, 0};
+  c.log_level = "warn";
+  auto ctl = std::move(controller::Controller::start(c)).value();
+  Node a(ctl->ports(), "inst-A", "tcp");
+  Node b(ctl->ports(), "inst-B", "tcp");
+  ASSERT_TRUE(eventually([&] {
+    return a.agent().counters().full_syncs_completed >= 1 && b.agent().counters().full_syncs_completed >= 1;
+  }));
+  std::vector<std::int64_t> tokens(4 * 256);
+  std::iota(tokens.begin(), tokens.end(), 0);
+  const std::vector<ChunkHash> hashes = a.engine().hashes(tokens).value();
+  for (ChunkHash h : hashes) ASSERT_TRUE(a.engine().put(h, chunk_bytes(h)));
+  const std::string ctl_url = "127.0.0.1:" + std::to_string(ctl->ports().http);
+  int code = -1;
+  ASSERT_TRUE(eventually([&] {
+    return run_kvctl({KVCTL_PATH, "lookup", "--controller", ctl_url, "--token-range", "0:1024"}, &code)
+               .find("inst-A  LocalCPUBackend  1024 tokens") != std::string::npos;
+  }));
+  std::string out = run_kvctl({KVCTL_PATH, "move", "--controller", ctl_url, "--from", "inst-A", "--to",
+                               "inst-B", "--token-range", "0:1024", "--chunk-bytes",
+                               std::to_string(kChunkBytes), "--json"},
+                              &code);
+  EXPECT_EQ(code, 0) << out;
+  const Json moved = Json::parse(out.substr(out.find('{')));
+  EXPECT_EQ(moved["num_tokens"], 1024) << out;
+  EXPECT_GT(moved["gbps"].get<double>(), 0.0) << out;
+  EXPECT_EQ(b.store().counters().chunks, 4u);
+  out = run_kvctl({KVCTL_PATH, "clear", "--controller", ctl_url, "--instance", "inst-B"}, &code);
+  EXPECT_EQ(code, 0);
+  EXPECT_NE(out.find("cleared 1024 tokens"), std::string::npos) << out;
+  out = run_kvctl({KVCTL_PATH, "health", "--controller", ctl_url, "--instance", "inst-A"}, &code);
+  EXPECT_NE(out.find("worker 0: healthy"), std::string::npos) << out;
+  out = run_kvctl({KVCTL_PATH, "workers", "--controller", ctl_url, "--json"}, &code);
+  EXPECT_NE(out.find("inst-B"), std::string::npos) << out;
+  out = run_kvctl({KVCTL_PATH, "lookup", "--controller", ctl_url, "--tokens", "1,2,x"}, &code);
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(out.find("'x' is not an integer"), std::string::npos) << out;
+  out = run_kvctl({KVCTL_PATH, "workers", "--controller", "127.0.0.1:1"}, &code);
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(out.find("no answer from the controller"), std::string::npos) << out;
+}
 
 }  // namespace
 }  // namespace kvnode::node

@@ -9,5 +9,7 @@ namespace kvctl {
 void add_msg_commands(CLI::App& app);    // msg decode / msg encode (wire debugging)
 void add_keys_commands(CLI::App& app);   // keys hash / keys format / keys parse
 void add_doctor_command(CLI::App& app);  // doctor: what this host offers (UCX, RDMA, CUDA)
+// lookup, move, clear, pin, health, check-finish, workers, key-stats: a controller's HTTP API
+void add_controller_commands(CLI::App& app);
 
 }  // namespace kvctl

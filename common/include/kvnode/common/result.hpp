@@ -31,7 +31,8 @@ class [[nodiscard]] Result {
     assert(ok());
     return std::get<0>(v_);
   }
-  T&& value() && {
+  // By value: `for (x : f().value())` would otherwise iterate a destroyed temporary.
+  T value() && {
     assert(ok());
     return std::get<0>(std::move(v_));
   }

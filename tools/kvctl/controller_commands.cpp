@@ -1,0 +1,243 @@
+// kvctl's orchestrator commands: lookup, move, clear, pin, health, check-finish, workers and
+// key-stats against a controller's HTTP API (kvcontroller's or LMCache's: the same paths and
+// JSON). Human-readable output by default, the controller's JSON with --json. Exit 0 on success,
+// 1 when the controller cannot be reached or answers an error (printed), 2 on bad input.
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "commands.hpp"
+
+namespace kvctl {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+struct Target {
+  std::string controller = "127.0.0.1:9000";
+  bool json_out = false;
+  double timeout_s = 60;
+};
+
+[[noreturn]] void fail(int code, const std::string& message) {
+  std::cerr << "kvctl: " << message << "\n";
+  throw CLI::RuntimeError(code);
+}
+
+std::pair<std::string, int> split_host_port(const std::string& hp) {
+  const auto colon = hp.rfind(':');
+  if (colon == std::string::npos || colon == 0) fail(2, "--controller: expected host:port, got '" + hp + "'");
+  try {
+    const int port = std::stoi(hp.substr(colon + 1));
+    if (port <= 0 || port > 65535) throw std::out_of_range("port");
+    return {hp.substr(0, colon), port};
+  } catch (const std::exception&) {
+    fail(2, "--controller: bad port in '" + hp + "'");
+  }
+}
+
+json call(const Target& t, const std::string& method, const std::string& path, const json& body = {}) {
+  const auto [host, port] = split_host_port(t.controller);
+  httplib::Client client(host, port);
+  client.set_connection_timeout(std::chrono::seconds(5));
+  const auto timeout = std::chrono::milliseconds(static_cast<long>(t.timeout_s * 1000));
+  client.set_read_timeout(timeout);
+  client.set_write_timeout(timeout);
+  const httplib::Result r = method == "GET" ? client.Get(path)
+                                            : client.Post(path, body.dump(), "application/json");
+  if (!r) fail(1, "no answer from the controller at " + t.controller + path + " (" + httplib::to_string(r.error()) + ")");
+  json j = json::parse(r->body, nullptr, /*allow_exceptions=*/false);
+  if (r->status != 200) {
+    const std::string detail = j.is_object() && j.contains("detail") ? j["detail"].dump() : r->body;
+    fail(1, path + ": HTTP " + std::to_string(r->status) + ": " + detail);
+  }
+  if (j.is_discarded()) fail(1, path + ": the controller answered something that is not JSON");
+  return j;
+}
+
+// Tokens from --tokens "1,2,3", --token-range A:B (A inclusive, B exclusive) or --token-file
+// (integers separated by spaces, commas or newlines, or a JSON array).
+std::vector<std::int64_t> read_tokens(const std::string& list, const std::string& range, const std::string& file) {
+  std::vector<std::int64_t> out;
+  auto parse_ints = [&](const std::string& text, const std::string& where) {
+    std::string cleaned = text;
+    for (char& c : cleaned)
+      if (c == ',' || c == '[' || c == ']' || c == '\n' || c == '\r' || c == '\t') c = ' ';
+    std::istringstream in(cleaned);
+    std::string word;
+    while (in >> word) {
+      std::size_t used = 0;
+      try {
+        out.push_back(std::stoll(word, &used));
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != word.size()) fail(2, where + ": '" + word + "' is not an integer token id");
+    }
+  };
+  if (!list.empty()) parse_ints(list, "--tokens");
+  if (!range.empty()) {
+    const auto colon = range.find(':');
+    try {
+      if (colon == std::string::npos) throw std::invalid_argument("no colon");
+      const std::int64_t a = std::stoll(range.substr(0, colon)), b = std::stoll(range.substr(colon + 1));
+      if (b < a || b - a > 100'000'000) throw std::out_of_range("range");
+      for (std::int64_t t = a; t < b; ++t) out.push_back(t);
+    } catch (const std::exception&) {
+      fail(2, "--token-range: expected A:B with A <= B, got '" + range + "'");
+    }
+  }
+  if (!file.empty()) {
+    std::ifstream in(file == "-" ? "/dev/stdin" : file);
+    if (!in) fail(2, "--token-file: cannot read '" + file + "'");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    parse_ints(ss.str(), file);
+  }
+  return out;
+}
+
+struct TokenArgs {
+  std::string list, range, file;
+  void add(CLI::App* c) {
+    c->add_option("--tokens", list, "token ids: 1,2,3");
+    c->add_option("--token-range", range, "token ids A..B-1: A:B");
+    c->add_option("--token-file", file, "token ids from a file (- = stdin): integers or a JSON array");
+  }
+  std::vector<std::int64_t> get() const { return read_tokens(list, range, file); }
+};
+
+void print(const Target& t, const json& j, const std::string& human) {
+  if (t.json_out)
+    std::cout << j.dump() << "\n";
+  else
+    std::cout << human << "\n";
+}
+
+}  // namespace
+
+void add_controller_commands(CLI::App& app) {
+  auto target = std::make_shared<Target>();
+  auto common = [target](CLI::App* c) {
+    c->add_option("--controller", target->controller, "the controller's HTTP host:port")->capture_default_str();
+    c->add_flag("--json", target->json_out, "print the controller's JSON");
+    c->add_option("--timeout", target->timeout_s, "seconds to wait for an answer")->capture_default_str();
+  };
+
+  auto lookup_tokens = std::make_shared<TokenArgs>();
+  auto* lookup = app.add_subcommand("lookup", "which instance holds the longest prefix of tokens");
+  common(lookup);
+  lookup_tokens->add(lookup);
+  lookup->callback([target, lookup_tokens] {
+    const json j = call(*target, "POST", "/lookup", {{"tokens", lookup_tokens->get()}});
+    std::string human;
+    const json layout = j.value("layout_info", json::object());
+    for (const auto& [instance, where] : layout.items())
+      human += instance + "  " + where[0].get<std::string>() + "  " + where[1].dump() + " tokens\n";
+    print(*target, j, human.empty() ? "no instance holds these tokens" : human.substr(0, human.size() - 1));
+  });
+
+  struct MoveArgs {
+    std::string from, to, location = "LocalCPUBackend";
+    bool copy = false;
+    std::size_t chunk_bytes = 0, chunk_size = 256;
+    TokenArgs tokens;
+  };
+  auto m = std::make_shared<MoveArgs>();
+  auto* move = app.add_subcommand("move", "move (or copy) the stored prefix of tokens between instances");
+  common(move);
+  move->add_option("--from", m->from, "source instance id")->required();
+  move->add_option("--to", m->to, "destination instance id")->required();
+  move->add_option("--location", m->location)->capture_default_str();
+  move->add_flag("--copy", m->copy, "keep the chunks at the source");
+  move->add_option("--chunk-bytes", m->chunk_bytes, "bytes per chunk, to print GB/s");
+  move->add_option("--chunk-size", m->chunk_size, "tokens per chunk")->capture_default_str();
+  m->tokens.add(move);
+  move->callback([target, m] {
+    const std::vector<std::int64_t> tokens = m->tokens.get();
+    if (!target->json_out)
+      std::cerr << "moving " << tokens.size() << " tokens " << m->from << " -> " << m->to << " ...\n";
+    const auto t0 = Clock::now();
+    json j = call(*target, "POST", "/move",
+                  {{"old_position", {m->from, m->location}}, {"new_position", {m->to, m->location}},
+                   {"tokens", tokens}, {"should_copy", m->copy}});
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    const std::int64_t moved = j.value("num_tokens", 0);
+    std::ostringstream human;
+    human << "moved " << moved << " tokens in " << seconds << " s";
+    if (m->chunk_bytes && m->chunk_size && moved > 0) {
+      const double bytes = static_cast<double>((moved + m->chunk_size - 1) / m->chunk_size) *
+                           static_cast<double>(m->chunk_bytes);
+      j["gbps"] = bytes / seconds / 1e9;
+      human << " (" << bytes / seconds / 1e9 << " GB/s, " << bytes / 1e6 << " MB)";
+    }
+    j["seconds"] = seconds;
+    print(*target, j, human.str());
+  });
+
+  struct InstanceArgs {
+    std::string instance, location = "LocalCPUBackend";
+    TokenArgs tokens;
+  };
+  auto cl = std::make_shared<InstanceArgs>();
+  auto* clear = app.add_subcommand("clear", "evict every unpinned chunk of an instance's location");
+  common(clear);
+  clear->add_option("--instance", cl->instance)->required();
+  clear->add_option("--location", cl->location)->capture_default_str();
+  clear->callback([target, cl] {
+    const json j = call(*target, "POST", "/clear", {{"instance_id", cl->instance}, {"location", cl->location}});
+    print(*target, j, "cleared " + j.value("num_tokens", json(0)).dump() + " tokens");
+  });
+  auto pi = std::make_shared<InstanceArgs>();
+  auto* pin = app.add_subcommand("pin", "pin the stored prefix of tokens at an instance");
+  common(pin);
+  pin->add_option("--instance", pi->instance)->required();
+  pin->add_option("--location", pi->location)->capture_default_str();
+  pi->tokens.add(pin);
+  pin->callback([target, pi] {
+    const json j = call(*target, "POST", "/pin",
+                        {{"instance_id", pi->instance}, {"location", pi->location}, {"tokens", pi->tokens.get()}});
+    print(*target, j, "pinned " + j.value("num_tokens", json(0)).dump() + " tokens");
+  });
+  auto he = std::make_shared<std::string>();
+  auto* health = app.add_subcommand("health", "each worker's health (0 = healthy)");
+  common(health);
+  health->add_option("--instance", *he)->required();
+  health->callback([target, he] {
+    const json j = call(*target, "POST", "/health", {{"instance_id", *he}});
+    std::string human;
+    const json codes = j.value("error_codes", json::object());
+    for (const auto& [w, code] : codes.items())
+      human += "worker " + w + ": " + (code == 0 ? "healthy" : "error " + code.dump()) + "\n";
+    print(*target, j, human.empty() ? j.dump() : human.substr(0, human.size() - 1));
+  });
+  auto ev = std::make_shared<std::string>();
+  auto* check = app.add_subcommand("check-finish", "the outcome of an earlier call, by its event id");
+  common(check);
+  check->add_option("event_id", *ev)->required();
+  check->callback([target, ev] {
+    const json j = call(*target, "POST", "/check_finish", {{"event_id", *ev}});
+    print(*target, j, j.value("status", j.dump()));
+  });
+  auto* workers = app.add_subcommand("workers", "the registered workers");
+  common(workers);
+  workers->callback([target] {
+    const json j = call(*target, "GET", "/controller/workers");
+    print(*target, j, j.dump(2));
+  });
+  auto* stats = app.add_subcommand("key-stats", "how many keys the controller indexes");
+  common(stats);
+  stats->callback([target] {
+    const json j = call(*target, "GET", "/controller/key-stats");
+    print(*target, j, j.dump(2));
+  });
+}
+
+}  // namespace kvctl
