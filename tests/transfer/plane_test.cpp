@@ -343,13 +343,7 @@ ucs_status_t record_answer(void* arg, const void* header, std::size_t header_len
 }
 
 void set_handler(const ucx::Worker& w, unsigned id, Answer* answer) {
-  ucp_am_handler_param_t param{};
-  param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                     UCP_AM_HANDLER_PARAM_FIELD_ARG;
-  param.id = id;
-  param.cb = &record_answer;
-  param.arg = answer;
-  ASSERT_EQ(ucp_worker_set_am_recv_handler(w.get(), &param), UCS_OK);
+  ASSERT_TRUE(w.set_am_handler(id, &record_answer, answer));
 }
 
 TEST(HostilePeer, RequestsOutsideThePoolAreRejectedAndAnswered) {

@@ -35,27 +35,6 @@ Result<sockaddr_storage> resolve(const std::string& host, std::uint16_t port, so
   return ss;
 }
 
-Status set_handler(const ucx::Worker& worker, unsigned id, ucp_am_recv_callback_t cb, void* arg) {
-  ucp_am_handler_param_t param{};
-  param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                     UCP_AM_HANDLER_PARAM_FIELD_ARG;
-  param.id = id;
-  param.cb = cb;
-  param.arg = arg;
-  if (ucs_status_t st = ucp_worker_set_am_recv_handler(worker.get(), &param); st != UCS_OK)
-    return ucx::status_error("ucp_worker_set_am_recv_handler", st);
-  return {};
-}
-
-// Removes the handler of `id`, whose arg is about to dangle.
-void unset_handler(const ucx::Worker& worker, unsigned id) {
-  ucp_am_handler_param_t param{};
-  param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB;
-  param.id = id;
-  param.cb = nullptr;
-  (void)ucp_worker_set_am_recv_handler(worker.get(), &param);
-}
-
 void ignore_errors(void*, ucp_ep_h, ucs_status_t) {}
 
 }  // namespace
@@ -73,7 +52,7 @@ Result<std::unique_ptr<Listener>> Listener::bind(const ucx::Worker& worker, cons
   Result<sockaddr_storage> addr = resolve(host, port, &len);
   if (!addr) return make_error("listener: " + addr.error().message);
   std::unique_ptr<Listener> self(new Listener(worker, std::move(hooks)));
-  if (Status s = set_handler(worker, kHelloId, &Listener::on_hello, self.get()); !s)
+  if (Status s = worker.set_am_handler(kHelloId, &Listener::on_hello, self.get()); !s)
     return s.error();
   ucp_listener_params_t params{};
   params.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
@@ -112,7 +91,7 @@ Listener::~Listener() {
   }
   for (ucp_ep_h ep : accepted_) ucx::close_forced(worker_, ep);
   if (listener_) ucp_listener_destroy(listener_);
-  unset_handler(worker_, kHelloId);
+  (void)worker_.set_am_handler(kHelloId, nullptr, nullptr);
 }
 
 void Listener::on_connection(ucp_conn_request_h request, void* arg) {
@@ -246,7 +225,7 @@ Result<ucx::Bytes> handshake(const ucx::Worker& worker, const std::string& host,
   Result<sockaddr_storage> addr = resolve(host, port, &len);
   if (!addr) return make_error("handshake: " + addr.error().message);
   Welcome welcome;
-  if (Status s = set_handler(worker, kWelcomeId, &on_welcome, &welcome); !s) return s.error();
+  if (Status s = worker.set_am_handler(kWelcomeId, &on_welcome, &welcome); !s) return s.error();
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
                       UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -279,7 +258,7 @@ Result<ucx::Bytes> handshake(const ucx::Worker& worker, const std::string& host,
     }
     ucx::close_forced(worker, ep);
   }
-  unset_handler(worker, kWelcomeId);
+  (void)worker.set_am_handler(kWelcomeId, nullptr, nullptr);
   return result;
 }
 

@@ -254,14 +254,7 @@ Status TransferPlane::Impl::init() {
   pool_descriptor_.rma = !ring_;
   pool_descriptor_.instance = std::random_device{}() | (std::uint64_t{std::random_device{}()} << 32);
 
-  ucp_am_handler_param_t param{};
-  param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                     UCP_AM_HANDLER_PARAM_FIELD_ARG;
-  param.id = kWelcomeAmId;
-  param.cb = &Impl::on_welcome;
-  param.arg = this;
-  if (ucs_status_t st = ucp_worker_set_am_recv_handler(worker_->get(), &param); st != UCS_OK)
-    return ucx::status_error("ucp_worker_set_am_recv_handler", st);
+  if (Status s = worker_->set_am_handler(kWelcomeAmId, &Impl::on_welcome, this); !s) return s.error();
 
   ListenerHooks hooks;
   hooks.answer = [this](const ucx::Bytes& hello, ucp_ep_h control) { return answer(hello, control); };
@@ -443,7 +436,6 @@ Status TransferPlane::Impl::dial_peer(Session& s) {
   if (!dialed) return dialed.error();
   s.control = dialed->ep;
   s.hello_send = dialed->send;
-  s.dial_started = Clock::now();
   ++s.dials;
   s.clear_broken();
   return {};

@@ -57,18 +57,6 @@ TransferResult Xfer::result(const PoolView& pool) const {
 
 namespace {
 
-Status set_handler(const ucx::Worker& worker, unsigned id, ucp_am_recv_callback_t cb, void* arg) {
-  ucp_am_handler_param_t param{};
-  param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                     UCP_AM_HANDLER_PARAM_FIELD_ARG;
-  param.id = id;
-  param.cb = cb;
-  param.arg = arg;
-  if (ucs_status_t st = ucp_worker_set_am_recv_handler(worker.get(), &param); st != UCS_OK)
-    return ucx::status_error("ucp_worker_set_am_recv_handler", st);
-  return {};
-}
-
 std::string status_text(const char* call, ucs_status_t st) {
   return std::string(call) + ": " + ucs_status_string(st);
 }
@@ -98,7 +86,7 @@ Status Session::install_handlers() {
       {wire::kPushAck, &Session::on_run_answer},       {wire::kWritten, &Session::on_written},
       {wire::kAsk, &Session::on_ask},                  {wire::kAnswer, &Session::on_answer}};
   for (const auto& [id, cb] : handlers)
-    if (Status s = set_handler(worker_, id, cb, this); !s) return s;
+    if (Status s = worker_.set_am_handler(id, cb, this); !s) return s;
   return {};
 }
 

@@ -141,7 +141,6 @@ class Session {
   ucs_status_ptr_t hello_send = nullptr;
   ucx::Bytes hello_body;
   std::optional<ucx::Bytes> welcome;  // the answer, once it came
-  Clock::time_point dial_started;
   int dials = 0;
 
  private:

@@ -64,6 +64,18 @@ Result<int> Worker::event_fd() const {
   return fd;
 }
 
+Status Worker::set_am_handler(unsigned id, ucp_am_recv_callback_t cb, void* arg) const {
+  ucp_am_handler_param_t param{};
+  param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                     UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  param.id = id;
+  param.cb = cb;
+  param.arg = arg;
+  if (ucs_status_t st = ucp_worker_set_am_recv_handler(get(), &param); st != UCS_OK)
+    return status_error("ucp_worker_set_am_recv_handler", st);
+  return {};
+}
+
 Result<Bytes> Worker::address() const {
   ucp_address_t* address = nullptr;
   std::size_t length = 0;

@@ -53,6 +53,9 @@ class Worker {
   Result<int> event_fd() const;
   // True when armed (safe to sleep on the fd); false when events are pending: progress first.
   bool arm() const { return ucp_worker_arm(handle_.get()) == UCS_OK; }
+  // Routes active message `id` to cb(arg, ...); a null cb removes the handler (its arg is about
+  // to dangle).
+  Status set_am_handler(unsigned id, ucp_am_recv_callback_t cb, void* arg) const;
   // The address peers need to reach this worker over shm, cma or RDMA (not only tcp).
   Result<Bytes> address() const;
   // Progresses until the request completes or the deadline passes (then cancels it and waits
