@@ -1,17 +1,7 @@
 // The kvnode binary as a process against a real controller: configuration from an LMCache-style
 // YAML file with flags on top, registration, /health and /metrics, a clean stop on SIGTERM that
 // de-registers, and clear errors for bad configuration.
-#ifndef CPPHTTPLIB_OPENSSL_SUPPORT
-#define CPPHTTPLIB_OPENSSL_SUPPORT
-#endif
-#ifndef CPPHTTPLIB_ZLIB_SUPPORT
-#define CPPHTTPLIB_ZLIB_SUPPORT
-#endif
-#ifndef CPPHTTPLIB_BROTLI_SUPPORT
-#define CPPHTTPLIB_BROTLI_SUPPORT
-#endif
 #include <gtest/gtest.h>
-#include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -19,15 +9,15 @@
 #include <fstream>
 #include <thread>
 
-#include "kvnode/controller/controller.hpp"
 #include "kvnode/node/node_config.hpp"
+#include "node_rig.hpp"
 #include "support/child_process.hpp"
 
 namespace kvnode::node {
 namespace {
 
+using rig::Clock;
 using namespace std::chrono_literals;
-using Clock = std::chrono::steady_clock;
 
 int free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -92,12 +82,7 @@ kvnode_kv_layers: 32
 }
 
 TEST(KvnodeProcess, RegistersServesHealthAndMetricsAndStopsCleanly) {
-  controller::ControllerConfig cc;
-  cc.controller_host = "127.0.0.1";
-  cc.controller_port = 0;
-  cc.controller_monitor_ports = {0, 0, 0};
-  cc.log_level = "warn";
-  auto ctl = std::move(controller::Controller::start(cc)).value();
+  auto ctl = rig::start_controller();
   const int http_port = free_port();
   test::ChildProcess node({KVNODE_PATH, "--instance-id", "proc-node",
                            "--controller-pull-url", "127.0.0.1:" + std::to_string(ctl->ports().pull),

@@ -1,139 +1,23 @@
-// Cross-node moves end to end, in one process with real sockets: a controller, and two nodes
-// each with a chunk pool, store, engine, transfer plane and worker agent. The orchestrator's
-// HTTP /move drives it; lookups through the controller and the destination's bytes check it.
-// Over tcp and over UCX's default transports (shared memory).
-#ifndef CPPHTTPLIB_OPENSSL_SUPPORT
-#define CPPHTTPLIB_OPENSSL_SUPPORT
-#endif
-#ifndef CPPHTTPLIB_ZLIB_SUPPORT
-#define CPPHTTPLIB_ZLIB_SUPPORT
-#endif
-#ifndef CPPHTTPLIB_BROTLI_SUPPORT
-#define CPPHTTPLIB_BROTLI_SUPPORT
-#endif
-#include <gtest/gtest.h>
-#include <httplib.h>
-
-#include <atomic>
-#include <nlohmann/json.hpp>
-#include <numeric>
-#include <thread>
-
-#include "kvnode/agent/worker_agent.hpp"
-#include "kvnode/controller/controller.hpp"
-#include "kvnode/node/peer_moves.hpp"
+// Cross-node moves and P2P retrieval end to end, in one process with real sockets: a controller
+// and two nodes (node_rig.hpp). The orchestrator's HTTP /move (and kvctl, as a process) drives
+// it; lookups through the controller and the destination's bytes check it. Over tcp and over
+// UCX's default transports (shared memory).
+#include "node_rig.hpp"
 #include "support/child_process.hpp"
 
 namespace kvnode::node {
 namespace {
 
-using namespace std::chrono_literals;
-using Clock = std::chrono::steady_clock;
-using Json = nlohmann::json;
-constexpr const char* kCpu = "LocalCPUBackend";
-constexpr std::size_t kChunkBytes = 64 << 10;
-
-std::vector<std::byte> chunk_bytes(ChunkHash h) {
-  std::vector<std::byte> b(kChunkBytes);
-  for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<std::byte>((h * 7 + i) & 0xff);
-  return b;
-}
-
-bool eventually(const std::function<bool()>& c) {
-  for (const auto until = Clock::now() + 15s; !c();) {
-    if (Clock::now() > until) return false;
-    std::this_thread::sleep_for(10ms);
-  }
-  return true;
-}
-
-// One node: what the kvnode daemon assembles, minus the daemon.
-class Node {
- public:
-  Node(const controller::BoundPorts& ports, const std::string& instance, const char* tls)
-      : instance_(instance),
-        pool_(make_pool()),
-        store_(pool_, kCpu,
-               [this](const StoreEvent& e) {
-                 if (auto* a = agent_ptr_.load())
-                   a->report(kCpu, e.kind == StoreEvent::Kind::kAdmit ? wire::OpType::kAdmit
-                                                                       : wire::OpType::kEvict,
-                             e.hash);
-               }),
-        engine_(store_),
-        moves_(engine_, nullptr) {
-    transfer::PlaneOptions po;
-    if (tls) {
-      po.tls = tls;
-      po.net_devices = "lo";
-    }
-    po.on_ask = [this](const std::string& peer, const std::vector<std::byte>& r) {
-      return moves_.on_ask(peer, r);
-    };
-    plane_ = std::move(transfer::TransferPlane::start(po, pool_)).value();
-    moves_.set_plane(plane_.get());
-    engine_.set_mover([this](const wire::MoveWorkerMsg& m) { return moves_.on_move(m); });
-    agent::AgentOptions o;
-    o.instance_id = instance;
-    o.controller_pull_url = "127.0.0.1:" + std::to_string(ports.pull);
-    o.controller_reply_url = "127.0.0.1:" + std::to_string(ports.reply);
-    o.peer_init_url = plane_->url();
-    o.heartbeat_period = 100ms;
-    o.request_timeout = 5s;
-    o.full_sync_startup_delay = 0ms;
-    o.full_sync_poll_interval = 50ms;
-    agent::AgentHandlers h;
-    h.control = [this](const wire::Msg& m) { return engine_.on_control(m); };
-    h.snapshot = [this] { return engine_.snapshot(); };
-    h.freeze = [this](bool on) { engine_.freeze(on); };
-    agent_ = std::move(agent::WorkerAgent::start(o, h)).value();
-    agent_ptr_ = agent_.get();
-  }
-  ~Node() {
-    agent_ptr_ = nullptr;
-    agent_.reset();
-    engine_.set_mover(nullptr);
-    plane_.reset();
-  }
-  RetrieveResult retrieve(const std::vector<std::int64_t>& tokens) {
-    return moves_.retrieve(
-        tokens, locate_through([this](const wire::Msg& m) { return agent_->call(m); }, instance_, 0));
-  }
-  Engine& engine() { return engine_; }
-  ChunkStore& store() { return store_; }
-  agent::WorkerAgent& agent() { return *agent_; }
-
- private:
-  static gpu::ChunkPool make_pool() {
-    gpu::PoolOptions o;
-    o.page_bytes = kChunkBytes;
-    o.pages = 32;
-    return std::move(gpu::ChunkPool::create(o)).value();
-  }
-  std::string instance_;
-  gpu::ChunkPool pool_;
-  std::atomic<agent::WorkerAgent*> agent_ptr_{nullptr};
-  ChunkStore store_;
-  Engine engine_;
-  PeerMoves moves_;
-  std::unique_ptr<transfer::TransferPlane> plane_;
-  std::unique_ptr<agent::WorkerAgent> agent_;
-};
+using namespace rig;
 
 class Moves : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(Moves, AMoveCarriesEveryByteAndOnlyConfirmedChunksLeaveTheSource) {
-  controller::ControllerConfig c;
-  c.controller_host = "127.0.0.1";
-  c.controller_port = 0;
-  c.controller_monitor_ports = {0, 0, 0};
-  c.log_level = "warn";
-  auto ctl = std::move(controller::Controller::start(c)).value();
-  Node a(ctl->ports(), "inst-A", GetParam());
-  Node b(ctl->ports(), "inst-B", GetParam());
-  ASSERT_TRUE(eventually([&] {
-    return a.agent().counters().full_syncs_completed >= 1 && b.agent().counters().full_syncs_completed >= 1;
-  }));
+  TwoNodes rig(GetParam());
+  ASSERT_TRUE(rig.synced());
+  auto& ctl = rig.ctl;
+  Node& a = rig.a;
+  Node& b = rig.b;
 
   httplib::Client http("127.0.0.1", ctl->ports().http);
   http.set_read_timeout(30s);
@@ -181,17 +65,11 @@ TEST_P(Moves, AMoveCarriesEveryByteAndOnlyConfirmedChunksLeaveTheSource) {
 }
 
 TEST_P(Moves, ADestinationWithoutRoomTakesWhatFitsAndTheSourceKeepsTheRest) {
-  controller::ControllerConfig c;
-  c.controller_host = "127.0.0.1";
-  c.controller_port = 0;
-  c.controller_monitor_ports = {0, 0, 0};
-  c.log_level = "warn";
-  auto ctl = std::move(controller::Controller::start(c)).value();
-  Node a(ctl->ports(), "inst-A", GetParam());
-  Node b(ctl->ports(), "inst-B", GetParam());
-  ASSERT_TRUE(eventually([&] {
-    return a.agent().counters().full_syncs_completed >= 1 && b.agent().counters().full_syncs_completed >= 1;
-  }));
+  TwoNodes rig(GetParam());
+  ASSERT_TRUE(rig.synced());
+  auto& ctl = rig.ctl;
+  Node& a = rig.a;
+  Node& b = rig.b;
   // B: 28 of its 32 pages hold pinned chunks, so only 4 can be reserved.
   std::vector<ChunkHash> pinned;
   for (ChunkHash h = 1; h <= 28; ++h) {
@@ -220,17 +98,10 @@ TEST_P(Moves, ADestinationWithoutRoomTakesWhatFitsAndTheSourceKeepsTheRest) {
 }
 
 TEST_P(Moves, ALocalMissIsPulledFromThePeerTheControllerNames) {
-  controller::ControllerConfig c;
-  c.controller_host = "127.0.0.1";
-  c.controller_port = 0;
-  c.controller_monitor_ports = {0, 0, 0};
-  c.log_level = "warn";
-  auto ctl = std::move(controller::Controller::start(c)).value();
-  Node a(ctl->ports(), "inst-A", GetParam());
-  Node b(ctl->ports(), "inst-B", GetParam());
-  ASSERT_TRUE(eventually([&] {
-    return a.agent().counters().full_syncs_completed >= 1 && b.agent().counters().full_syncs_completed >= 1;
-  }));
+  TwoNodes rig(GetParam());
+  ASSERT_TRUE(rig.synced());
+  Node& a = rig.a;
+  Node& b = rig.b;
   std::vector<std::int64_t> tokens(8 * 256);
   std::iota(tokens.begin(), tokens.end(), 7000);
   const std::vector<ChunkHash> hashes = a.engine().hashes(tokens).value();
@@ -269,6 +140,8 @@ INSTANTIATE_TEST_SUITE_P(Transports, Moves, ::testing::Values("tcp", nullptr),
 namespace kvnode::node {
 namespace {
 
+using namespace rig;
+
 // kvctl as the orchestrator's tool, a process against the same rig: lookup, move with its
 // achieved rate, clear, health, workers, and a clear exit code when the controller is away.
 std::string run_kvctl(const std::vector<std::string>& args, int* code) {
@@ -281,17 +154,11 @@ std::string run_kvctl(const std::vector<std::string>& args, int* code) {
 }
 
 TEST(Kvctl, DrivesTheControllerAsAnOrchestratorDoes) {
-  controller::ControllerConfig c;
-  c.controller_host = "127.0.0.1";
-  c.controller_port = 0;
-  c.controller_monitor_ports = {0, 0, 0};
-  c.log_level = "warn";
-  auto ctl = std::move(controller::Controller::start(c)).value();
-  Node a(ctl->ports(), "inst-A", "tcp");
-  Node b(ctl->ports(), "inst-B", "tcp");
-  ASSERT_TRUE(eventually([&] {
-    return a.agent().counters().full_syncs_completed >= 1 && b.agent().counters().full_syncs_completed >= 1;
-  }));
+  TwoNodes rig("tcp");
+  ASSERT_TRUE(rig.synced());
+  auto& ctl = rig.ctl;
+  Node& a = rig.a;
+  Node& b = rig.b;
   std::vector<std::int64_t> tokens(4 * 256);
   std::iota(tokens.begin(), tokens.end(), 0);
   const std::vector<ChunkHash> hashes = a.engine().hashes(tokens).value();

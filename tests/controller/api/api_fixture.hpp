@@ -4,20 +4,9 @@
 // Every wait is bounded by kPatience; every thread is joined.
 #pragma once
 
-// Debian's libcpp-httplib is compiled with these; the header must see the same or Client's layout
-// differs from the library's. kvnode_controller links httplib privately, so its compile flags do
-// not reach this test binary.
-#ifndef CPPHTTPLIB_OPENSSL_SUPPORT
-#define CPPHTTPLIB_OPENSSL_SUPPORT
-#endif
-#ifndef CPPHTTPLIB_ZLIB_SUPPORT
-#define CPPHTTPLIB_ZLIB_SUPPORT
-#endif
-#ifndef CPPHTTPLIB_BROTLI_SUPPORT
-#define CPPHTTPLIB_BROTLI_SUPPORT
-#endif
 #include <gtest/gtest.h>
-#include <httplib.h>
+
+#include "support/http_client.hpp"
 
 #include <atomic>
 #include <chrono>
