@@ -17,6 +17,11 @@
 extern char** environ;
 
 namespace kvnode::bench {
+bool tcp_only(const std::string& tls) {
+  return !tls.empty() && tls.find("tcp") != std::string::npos && tls.find("shm") == std::string::npos &&
+         tls.find("cma") == std::string::npos && tls.find("rc") == std::string::npos;
+}
+
 namespace {
 
 std::uint16_t free_port() {
@@ -36,7 +41,7 @@ std::uint16_t free_port() {
 std::string env_prefix(const std::string& tls) {
   if (tls.empty()) return "env -u UCX_TLS -u UCX_NET_DEVICES ";
   std::string out = "env UCX_TLS=" + tls + " ";
-  if (tls.find("tcp") != std::string::npos) out += "UCX_NET_DEVICES=lo ";
+  if (tcp_only(tls)) out += "UCX_NET_DEVICES=lo ";
   return out;
 }
 
@@ -64,10 +69,7 @@ std::string run_capture(const std::string& command) {
 }  // namespace
 
 std::vector<std::string> perftest_candidates(const std::string& tls) {
-  const bool tcp_only = !tls.empty() && tls.find("tcp") != std::string::npos &&
-                        tls.find("shm") == std::string::npos && tls.find("cma") == std::string::npos &&
-                        tls.find("rc") == std::string::npos;
-  if (tcp_only) return {"ucp_am_bw", "tag_bw"};
+  if (tcp_only(tls)) return {"ucp_am_bw", "tag_bw"};
   return {"ucp_put_bw", "ucp_get"};
 }
 

@@ -14,6 +14,10 @@ struct PerftestResult {
   double gbps = 0;   // 1e9 bytes per second
 };
 
+// Whether a UCX_TLS value leaves tcp as the only way between two processes (then both kvbench's
+// planes and ucx_perftest are pinned to loopback with UCX_NET_DEVICES=lo).
+bool tcp_only(const std::string& tls);
+
 // Runs each test at `bytes` per message and returns those that ran; `tls` empty: UCX's default.
 std::vector<PerftestResult> run_perftest(const std::string& tls, std::size_t bytes,
                                          const std::vector<std::string>& tests);

@@ -13,6 +13,7 @@
 
 #include "kvnode/gpu/chunk_pool.hpp"
 #include "kvnode/transfer/plane.hpp"
+#include "baselines.hpp"
 
 extern char** environ;
 
@@ -20,11 +21,6 @@ namespace kvnode::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-bool tcp_only(const std::string& tls) {
-  return tls.find("tcp") != std::string::npos && tls.find("shm") == std::string::npos &&
-         tls.find("cma") == std::string::npos;
-}
 
 // `kvbench serve` in a child process, with the group's UCX_TLS; killed and reaped when done.
 class ServedPeer {
