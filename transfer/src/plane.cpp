@@ -375,10 +375,9 @@ unsigned TransferPlane::Impl::drain_commands() {
     const auto it = where_.find(c.id);
     if (it == where_.end()) continue;  // already reported
     const auto s = initiators_.find(it->second);
-    if (s != initiators_.end() && s->second->has(c.id))
-      reset(*s->second, Failure::kCancelled, c.id, "cancelled");
-    else if (s != initiators_.end())
-      reset(*s->second, Failure::kCancelled, c.id, "cancelled while connecting");
+    if (s != initiators_.end())
+      reset(*s->second, Failure::kCancelled, c.id,
+            s->second->has(c.id) ? "cancelled" : "cancelled while connecting");
   }
   return static_cast<unsigned>(commands.size());
 }
