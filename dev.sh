@@ -21,7 +21,7 @@ Usage: ./dev.sh COMMAND
   build   build build/ (RelWithDebInfo); binaries land in build/bin
   test    build build-sanitize/ (ASan+UBSan) and run ctest, then build build-fuzz/ (clang-14)
           and run each fuzz_* target for KVNODE_FUZZ_SECONDS in total (default 60)
-  demo    build, then run kvctl doctor and a wire/keys round trip
+  demo    build, then run kvcontroller and two kvnode on loopback: put, lookup, move, verify
   bench   build, then run every build/bin/bench_* and kvbench transfer --quick
   help    show this text
 
@@ -149,22 +149,71 @@ cmd_test() {
   [[ "$FAILED" -eq 0 ]]
 }
 
+# The demo: kvcontroller and two kvnode processes on loopback; a model's worth of KV chunks into
+# node A, lookup, move A -> B through the controller, lookup, every byte verified at B.
 cmd_demo() {
   build_main
-  local kvctl=build/bin/kvctl msg hex tokens
-  echo; echo "== kvctl doctor: what this host offers"
-  "$kvctl" doctor
-  msg='{"type":"KVAdmitMsg","instance_id":"demo","worker_id":0,"key":-7693565463539782743,"location":"LocalCPUBackend","seq_num":0}'
-  echo; echo "== kvctl msg encode --hex  (JSON -> msgpack, as LMCache sends it)"
-  echo "$msg"
-  hex="$("$kvctl" msg encode --hex <<<"$msg")"
-  echo "$hex"
-  echo; echo "== kvctl msg decode --hex  (msgpack -> JSON)"
-  "$kvctl" msg decode --hex "$hex"
-  echo; echo "== kvctl keys hash: 600 tokens, chunk size 256 -> 3 chunk hashes"
-  tokens="$(seq -s, 0 599)"
-  "$kvctl" keys hash --json-lines - <<<\
-"{\"tokens\":[$tokens],\"chunk_size\":256,\"save_unfull_chunk\":true,\"init_hash\":0}"
+  local bin="$ROOT/build/bin" work base="${KVNODE_DEMO_PORT:-19000}"
+  work="$(mktemp -d /tmp/kvnode-demo.XXXXXX)"
+  DEMO_WORK="$work" DEMO_PIDS=()
+  local http=$base pull=$((base + 1)) reply=$((base + 2)) hb=$((base + 3))
+  local tokens="0:4096" seed=42 chunk_bytes=$((32 << 20))  # 16 chunks of Llama-3.1-8B KV (bf16)
+  # shellcheck disable=SC2317  # called by the trap, after cmd_demo's locals are gone
+  stop_all() {
+    if [[ ${#DEMO_PIDS[@]} -gt 0 ]]; then
+      kill -TERM "${DEMO_PIDS[@]}" 2>/dev/null || true
+      wait "${DEMO_PIDS[@]}" 2>/dev/null || true
+    fi
+    DEMO_PIDS=()
+    rm -rf "$DEMO_WORK"
+  }
+  trap stop_all EXIT
+  step() { echo; echo "== $*"; }
+
+  step "kvcontroller on 127.0.0.1:$http (ZMQ pull $pull, reply $reply, heartbeat $hb)"
+  "$bin/kvcontroller" --host 127.0.0.1 --port "$http" --log-level warn \
+    --monitor-ports "{\"pull\": $pull, \"reply\": $reply, \"heartbeat\": $hb}" &
+  DEMO_PIDS+=($!)
+  local name port
+  for name in a b; do
+    port=$([[ $name == a ]] && echo 0 || echo 10)
+    step "kvnode demo-$name: 1.2 GB of chunk memory, transfer plane on 127.0.0.1:$((base + 21 + port))"
+    "$bin/kvnode" --instance-id "demo-$name" --controller-pull-url "127.0.0.1:$pull" \
+      --controller-reply-url "127.0.0.1:$reply" --worker-ports $((base + 20 + port)) \
+      --p2p-init-ports $((base + 21 + port)) --http-port $((base + 22 + port)) \
+      --max-local-cpu-size 1.2 --heartbeat-time 1 --full-sync-startup-delay 0 \
+      --local-socket "$work/$name.sock" --log-level warn &
+    DEMO_PIDS+=($!)
+  done
+  local i
+  for i in $(seq 100); do
+    [[ -S "$work/a.sock" && -S "$work/b.sock" ]] && break
+    sleep 0.1
+  done
+
+  step "kvctl put: 4096 tokens = 16 chunks of 32 MiB into demo-a (its local socket, shared memory)"
+  "$bin/kvctl" put --node "$work/a.sock" --token-range "$tokens" --seed "$seed"
+  step "kvctl lookup: who holds these tokens (once demo-a's first full sync is in)"
+  for i in $(seq 150); do
+    "$bin/kvctl" lookup --controller "127.0.0.1:$http" --token-range "$tokens" --json | grep -q demo-a && break
+    sleep 0.2
+  done
+  "$bin/kvctl" lookup --controller "127.0.0.1:$http" --token-range "$tokens"
+  step "kvctl move: demo-a -> demo-b over the transfer plane (copy=false: A drops what B confirmed)"
+  "$bin/kvctl" move --controller "127.0.0.1:$http" --from demo-a --to demo-b --token-range "$tokens" \
+    --chunk-bytes "$chunk_bytes"
+  step "kvctl lookup"
+  for i in $(seq 50); do
+    "$bin/kvctl" lookup --controller "127.0.0.1:$http" --token-range "$tokens" --json | grep -q demo-b && break
+    sleep 0.1
+  done
+  "$bin/kvctl" lookup --controller "127.0.0.1:$http" --token-range "$tokens"
+  step "kvctl verify: every byte at demo-b"
+  "$bin/kvctl" verify --node "$work/b.sock" --token-range "$tokens" --seed "$seed"
+  step "stopping (SIGTERM: nodes de-register, the controller exits)"
+  stop_all
+  trap - EXIT
+  echo "== demo done"
 }
 
 cmd_bench() {

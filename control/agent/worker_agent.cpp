@@ -300,9 +300,15 @@ void WorkerAgent::Impl::full_sync(const std::string& reason) {
   }
   send_raw(end);
 
+  // The first polls come quickly (a sync of a few keys completes in milliseconds and the node
+  // refuses writes while frozen); the wait doubles up to the poll interval. The time allowed
+  // is what max_polls polls at the interval would take.
   int resends = 0;
-  for (int poll = 0; poll < options_.full_sync_max_polls; ++poll) {
-    if (wait_or_stop(options_.full_sync_poll_interval)) return;
+  const auto give_up = std::chrono::steady_clock::now() + options_.full_sync_poll_interval * options_.full_sync_max_polls;
+  auto wait = std::min(options_.full_sync_poll_interval, std::chrono::milliseconds(50));
+  while (std::chrono::steady_clock::now() < give_up) {
+    if (wait_or_stop(wait)) return;
+    wait = std::min(wait * 2, options_.full_sync_poll_interval);
     Result<wire::Msg> r = call(wire::FullSyncStatusMsg{options_.instance_id, options_.worker_id, sync_id});
     const auto* st = r ? std::get_if<wire::FullSyncStatusRetMsg>(&*r) : nullptr;
     if (!st) continue;  // LMCache's fallback: not complete, keep polling
@@ -318,8 +324,9 @@ void WorkerAgent::Impl::full_sync(const std::string& reason) {
       send_raw(end);
     }
   }
-  spdlog::warn("worker agent: full sync {} not confirmed after {} polls; unfreezing", sync_id,
-               options_.full_sync_max_polls);
+  spdlog::warn("worker agent: full sync {} not confirmed within {} s; unfreezing", sync_id,
+               std::chrono::duration_cast<std::chrono::seconds>(options_.full_sync_poll_interval *
+                                                                options_.full_sync_max_polls).count());
 }
 
 // ---- Events -----------------------------------------------------------------------------------

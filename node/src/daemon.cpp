@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "kvnode/agent/worker_agent.hpp"
+#include "kvnode/node/local_service.hpp"
 #include "kvnode/node/peer_moves.hpp"
 
 namespace kvnode::node {
@@ -22,6 +23,7 @@ struct Daemon::Parts {
   std::optional<PeerMoves> moves;
   std::unique_ptr<transfer::TransferPlane> plane;
   std::unique_ptr<agent::WorkerAgent> agent;
+  std::unique_ptr<LocalService> local;
   httplib::Server http;
   std::thread http_thread;
   int http_port = -1;
@@ -31,6 +33,7 @@ struct Daemon::Parts {
       http.stop();
       http_thread.join();
     }
+    local.reset();  // aborts clients' unfinished writes
     agent_ptr = nullptr;
     agent.reset();  // flushes events, de-registers
     if (engine) engine->set_mover(nullptr);
@@ -91,6 +94,12 @@ std::string metrics_text(const Daemon::Parts& p) {
          static_cast<double>(a.control_errors));
   metric("kvnode_full_syncs_completed_total", "counter", "Full syncs the controller confirmed.", "",
          static_cast<double>(a.full_syncs_completed));
+  if (p.local) {
+    metric("kvnode_local_requests_total", "counter", "Local client requests served.", "",
+           static_cast<double>(p.local->requests()));
+    metric("kvnode_local_errors_total", "counter", "Local client requests answered with an error.", "",
+           static_cast<double>(p.local->errors()));
+  }
   return out.str();
 }
 
@@ -147,6 +156,7 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const NodeConfig& c) {
   ao.worker_port = port_for(c.lmcache_worker_ports, c.worker_id);
   ao.peer_init_url = p->plane->url();
   ao.heartbeat_period = std::chrono::milliseconds(static_cast<long>(c.lmcache_worker_heartbeat_time * 1000));
+  ao.full_sync_startup_delay = std::chrono::milliseconds(static_cast<long>(c.full_sync_startup_delay * 1000));
   agent::AgentHandlers h;
   h.control = [raw](const wire::Msg& m) { return raw->engine->on_control(m); };
   h.snapshot = [raw] { return raw->engine->snapshot(); };
@@ -155,6 +165,27 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const NodeConfig& c) {
   if (!a) return a.error();
   p->agent = std::move(a).value();
   p->agent_ptr = p->agent.get();
+
+  if (const std::string socket_path = local_socket_path(c); !socket_path.empty()) {
+    LocalServiceOptions lo;
+    lo.path = socket_path;
+    lo.instance = c.lmcache_instance_id;
+    lo.worker_id = c.worker_id;
+    if (*kind != gpu::MemoryKind::kDevice && c.local_staging_mb > 0) {
+      lo.staging_slots = std::max<std::size_t>(1, (c.local_staging_mb << 20) / po.page_bytes);
+      lo.staging_name = "/kvnode" + socket_path;  // one name per socket: a restarted node reclaims it
+      for (std::size_t i = 1; i < lo.staging_name.size(); ++i)
+        if (lo.staging_name[i] == '/') lo.staging_name[i] = '_';
+    }
+    Locate locate = locate_through([raw](const wire::Msg& m) { return raw->agent->call(m); },
+                                   c.lmcache_instance_id, c.worker_id);
+    Result<std::unique_ptr<LocalService>> local = LocalService::start(lo, *p->engine, &*p->moves, locate);
+    if (!local) return local.error();
+    p->local = std::move(local).value();
+    spdlog::info("kvnode: local clients at {}{}", socket_path,
+                 lo.staging_slots == 0 ? " (bytes inline)"
+                                       : ", staging " + std::to_string(lo.staging_slots) + " chunks in " + lo.staging_name);
+  }
 
   if (c.http_port >= 0) {
     p->http.Get("/health", [raw](const httplib::Request&, httplib::Response& res) {
@@ -185,6 +216,8 @@ DaemonPorts Daemon::ports() const {
 }
 
 std::string Daemon::peer_init_url() const { return parts_->plane->url(); }
+
+std::string Daemon::local_socket() const { return parts_->local ? parts_->local->path() : ""; }
 
 std::string Daemon::metrics() const { return metrics_text(*parts_); }
 

@@ -3,6 +3,8 @@
 #include <CLI/CLI.hpp>
 #include <yaml-cpp/yaml.h>
 
+#include <cctype>
+
 #include "kvnode/gpu/kv_shape.hpp"
 
 namespace kvnode::node {
@@ -51,6 +53,12 @@ Result<ConfigOrExit> load_node_config(const std::vector<std::string>& argv) {
   auto* o_tls = app.add_option("--ucx-tls", tls, "UCX_TLS for the transfer plane");
   auto* o_net = app.add_option("--ucx-net-devices", net_devices, "UCX_NET_DEVICES");
   auto* o_log = app.add_option("--log-level", c.log_level);
+  auto* o_local = app.add_option("--local-socket", c.local_socket,
+                                 "the local client socket's path; off: none (default /tmp/kvnode-<instance>-<rank>.sock)");
+  auto* o_sync_delay = app.add_option("--full-sync-startup-delay", c.full_sync_startup_delay,
+                                      "seconds: a random wait up to this before the start-up full sync");
+  auto* o_staging = app.add_option("--local-staging-mb", c.local_staging_mb,
+                                   "MiB of shared memory local clients' chunk bytes pass through; 0: inline");
   app.set_version_flag("--version", "kvnode " KVNODE_VERSION);
   std::vector<const char*> args;
   for (const std::string& a : argv) args.push_back(a.c_str());
@@ -97,7 +105,10 @@ Result<ConfigOrExit> load_node_config(const std::vector<std::string>& argv) {
                      take(o_http_host, "kvnode_http_host", c.http_host),
                      take(o_tls, "kvnode_ucx_tls", tls),
                      take(o_net, "kvnode_ucx_net_devices", net_devices),
-                     take(o_log, "kvnode_log_level", c.log_level)})
+                     take(o_log, "kvnode_log_level", c.log_level),
+                     take(o_local, "kvnode_local_socket", c.local_socket),
+                     take(o_staging, "kvnode_local_staging_mb", c.local_staging_mb),
+                     take(o_sync_delay, "kvnode_full_sync_startup_delay", c.full_sync_startup_delay)})
       if (!s) return s.error();
   }
   if (!tls.empty()) c.ucx_tls = tls;
@@ -118,8 +129,23 @@ Result<ConfigOrExit> load_node_config(const std::vector<std::string>& argv) {
   if (Status s = port_of(c.lmcache_worker_ports, "lmcache_worker_ports"); !s) return s.error();
   if (Status s = port_of(c.p2p_init_ports, "p2p_init_ports"); !s) return s.error();
   if (c.http_port > 65535) return make_error("http_port: out of range");
+  if (c.full_sync_startup_delay < 0 || c.full_sync_startup_delay > 3600)
+    return make_error("full_sync_startup_delay: between 0 and 3600 seconds");
+  if (c.local_staging_mb > (1u << 20)) return make_error("local_staging_mb: more than 1 TiB");
+  // sun_path holds 107 bytes; a longer path would be cut silently by the kernel.
+  if (local_socket_path(c).size() > 100)
+    return make_error("local_socket: '" + local_socket_path(c) + "' is longer than 100 bytes");
   if (Result<std::pair<std::size_t, std::size_t>> g = pool_geometry(c); !g) return g.error();
   return ConfigOrExit{c, "", 0};
+}
+
+std::string local_socket_path(const NodeConfig& c) {
+  if (c.local_socket == "off") return "";
+  if (!c.local_socket.empty()) return c.local_socket;
+  std::string name = c.lmcache_instance_id;
+  for (char& ch : name)
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_' && ch != '.') ch = '_';
+  return "/tmp/kvnode-" + name + "-" + std::to_string(c.worker_id) + ".sock";
 }
 
 Result<std::pair<std::size_t, std::size_t>> pool_geometry(const NodeConfig& c) {

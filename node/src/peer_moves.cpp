@@ -1,5 +1,8 @@
 #include "kvnode/node/peer_moves.hpp"
 
+#include <algorithm>
+#include <thread>
+
 #include <spdlog/spdlog.h>
 
 #include <cstring>
@@ -13,6 +16,10 @@ using Clock = std::chrono::steady_clock;
 enum Op : std::uint8_t { kReserve = 1, kCommit = 2, kRelease = 3, kLease = 4, kUnlease = 5 };
 constexpr std::int64_t kHave = -1;     // reserve: the destination holds the chunk already
 constexpr std::int64_t kNoRoom = -2;   // reserve: no page free (all pinned or busy)
+constexpr std::int64_t kFrozen = -3;   // reserve: a full sync runs there; ask again shortly
+// How long a move waits for a destination in a full sync (a node's first one comes seconds
+// after it starts) before the chunks count as failed.
+constexpr auto kFrozenWait = std::chrono::seconds(20);
 
 std::vector<std::byte> encode(std::uint8_t op, const std::vector<std::int64_t>& values) {
   std::vector<std::byte> out(1 + 4 + 8 * values.size());
@@ -100,7 +107,7 @@ Result<std::vector<std::byte>> PeerMoves::on_ask(const std::string& peer,
           continue;
         }
         if (engine_.frozen()) {
-          answer.push_back(kNoRoom);
+          answer.push_back(kFrozen);
           continue;
         }
         Result<gpu::PageId> page = store.reserve(h);
@@ -173,6 +180,16 @@ MoveResult PeerMoves::move(const std::string& peer_url, const std::vector<std::i
     std::vector<std::int64_t> batch;
     for (std::size_t i = 0; i < n; ++i) batch.push_back(leases[start + i].hash());
     Result<std::vector<std::int64_t>> pages = ask(kReserve, batch);
+    for (const auto until = Clock::now() + kFrozenWait;
+         pages && Clock::now() < until &&
+         std::find(pages->begin(), pages->end(), kFrozen) != pages->end();) {
+      std::vector<std::int64_t> reserved;  // give back what was reserved before asking again
+      for (std::size_t i = 0; i < n; ++i)
+        if ((*pages)[i] >= 0) reserved.push_back(batch[i]);
+      if (!reserved.empty()) (void)ask(kRelease, reserved);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      pages = ask(kReserve, batch);
+    }
     if (!pages) {
       out.error = pages.error().message;
       out.chunks_failed += leases.size() - start;
@@ -231,35 +248,39 @@ MoveResult PeerMoves::move(const std::string& peer_url, const std::vector<std::i
 }
 
 RetrieveResult PeerMoves::retrieve(const std::vector<std::int64_t>& tokens, const Locate& locate) {
-  RetrieveResult out;
   Result<std::vector<ChunkHash>> hashes = engine_.hashes(tokens);
-  if (!hashes || !plane_) {
-    out.error = hashes ? "no transfer plane" : hashes.error().message;
+  if (!hashes) {
+    RetrieveResult out;
+    out.error = hashes.error().message;
+    return out;
+  }
+  RetrieveResult out = retrieve_chunks(*hashes, locate);
+  const std::size_t held = out.chunks_local + out.chunks_pulled;
+  out.tokens = held == 0 ? 0 : keys::chunk_end_token(held - 1, tokens.size(), engine_.chunk_size());
+  return out;
+}
+
+RetrieveResult PeerMoves::retrieve_chunks(const std::vector<ChunkHash>& wanted, const Locate& locate) {
+  RetrieveResult out;
+  if (!plane_) {
+    out.error = "no transfer plane";
     return out;
   }
   ChunkStore& store = engine_.store();
-  const std::size_t chunk = engine_.chunk_size();
-  out.chunks_local = store.leading(*hashes);
+  out.chunks_local = store.leading(wanted);
   std::size_t held = out.chunks_local;
-  auto tokens_of = [&](std::size_t chunks) {
-    return chunks == 0 ? std::size_t{0} : keys::chunk_end_token(chunks - 1, tokens.size(), chunk);
-  };
-  if (held == hashes->size()) {
-    out.tokens = tokens_of(held);
-    return out;
-  }
-  Result<std::pair<std::string, std::size_t>> where = locate(*hashes);
+  if (held == wanted.size()) return out;
+  Result<std::pair<std::string, std::size_t>> where = locate(wanted);
   if (!where || where->second <= held || where->first.empty()) {
     out.error = where ? "no peer holds more of it" : where.error().message;
-    out.tokens = tokens_of(held);
     return out;
   }
   out.peer = where->first;
-  const std::size_t end = std::min(where->second, hashes->size());
+  const std::size_t end = std::min(where->second, wanted.size());
   while (held < end) {
     const std::size_t n = std::min(kBatch, end - held);
-    std::vector<std::int64_t> batch(hashes->begin() + static_cast<std::ptrdiff_t>(held),
-                                    hashes->begin() + static_cast<std::ptrdiff_t>(held + n));
+    std::vector<std::int64_t> batch(wanted.begin() + static_cast<std::ptrdiff_t>(held),
+                                    wanted.begin() + static_cast<std::ptrdiff_t>(held + n));
     Result<std::vector<std::byte>> a = plane_->ask(out.peer, encode(kLease, batch)).get();
     Result<std::vector<std::int64_t>> remote =
         a ? decode_values(a->data(), a->size()) : Result<std::vector<std::int64_t>>(a.error());
@@ -293,7 +314,6 @@ RetrieveResult PeerMoves::retrieve(const std::vector<std::int64_t>& tokens, cons
     if (!r.ok() && !copies.empty()) out.error = std::string(transfer::to_string(r.failure)) + ": " + r.message;
     if (stored < n) break;  // the leading run ends here
   }
-  out.tokens = tokens_of(held);
   return out;
 }
 

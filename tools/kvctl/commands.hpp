@@ -11,5 +11,7 @@ void add_keys_commands(CLI::App& app);   // keys hash / keys format / keys parse
 void add_doctor_command(CLI::App& app);  // doctor: what this host offers (UCX, RDMA, CUDA)
 // lookup, move, clear, pin, health, check-finish, workers, key-stats: a controller's HTTP API
 void add_controller_commands(CLI::App& app);
+// put, get, verify: a node on this host, over its local socket
+void add_node_commands(CLI::App& app);
 
 }  // namespace kvctl

@@ -2,16 +2,21 @@
 // key-stats against a controller's HTTP API (kvcontroller's or LMCache's: the same paths and
 // JSON). Human-readable output by default, the controller's JSON with --json. Exit 0 on success,
 // 1 when the controller cannot be reached or answers an error (printed), 2 on bad input.
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "cli_support.hpp"
 #include "commands.hpp"
 
 namespace kvctl {
@@ -25,11 +30,6 @@ struct Target {
   bool json_out = false;
   double timeout_s = 60;
 };
-
-[[noreturn]] void fail(int code, const std::string& message) {
-  std::cerr << "kvctl: " << message << "\n";
-  throw CLI::RuntimeError(code);
-}
 
 std::pair<std::string, int> split_host_port(const std::string& hp) {
   const auto colon = hp.rfind(':');
@@ -61,58 +61,6 @@ json call(const Target& t, const std::string& method, const std::string& path, c
   if (j.is_discarded()) fail(1, path + ": the controller answered something that is not JSON");
   return j;
 }
-
-// Tokens from --tokens "1,2,3", --token-range A:B (A inclusive, B exclusive) or --token-file
-// (integers separated by spaces, commas or newlines, or a JSON array).
-std::vector<std::int64_t> read_tokens(const std::string& list, const std::string& range, const std::string& file) {
-  std::vector<std::int64_t> out;
-  auto parse_ints = [&](const std::string& text, const std::string& where) {
-    std::string cleaned = text;
-    for (char& c : cleaned)
-      if (c == ',' || c == '[' || c == ']' || c == '\n' || c == '\r' || c == '\t') c = ' ';
-    std::istringstream in(cleaned);
-    std::string word;
-    while (in >> word) {
-      std::size_t used = 0;
-      try {
-        out.push_back(std::stoll(word, &used));
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used != word.size()) fail(2, where + ": '" + word + "' is not an integer token id");
-    }
-  };
-  if (!list.empty()) parse_ints(list, "--tokens");
-  if (!range.empty()) {
-    const auto colon = range.find(':');
-    try {
-      if (colon == std::string::npos) throw std::invalid_argument("no colon");
-      const std::int64_t a = std::stoll(range.substr(0, colon)), b = std::stoll(range.substr(colon + 1));
-      if (b < a || b - a > 100'000'000) throw std::out_of_range("range");
-      for (std::int64_t t = a; t < b; ++t) out.push_back(t);
-    } catch (const std::exception&) {
-      fail(2, "--token-range: expected A:B with A <= B, got '" + range + "'");
-    }
-  }
-  if (!file.empty()) {
-    std::ifstream in(file == "-" ? "/dev/stdin" : file);
-    if (!in) fail(2, "--token-file: cannot read '" + file + "'");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    parse_ints(ss.str(), file);
-  }
-  return out;
-}
-
-struct TokenArgs {
-  std::string list, range, file;
-  void add(CLI::App* c) {
-    c->add_option("--tokens", list, "token ids: 1,2,3");
-    c->add_option("--token-range", range, "token ids A..B-1: A:B");
-    c->add_option("--token-file", file, "token ids from a file (- = stdin): integers or a JSON array");
-  }
-  std::vector<std::int64_t> get() const { return read_tokens(list, range, file); }
-};
 
 void print(const Target& t, const json& j, const std::string& human) {
   if (t.json_out)
@@ -165,9 +113,31 @@ void add_controller_commands(CLI::App& app) {
     if (!target->json_out)
       std::cerr << "moving " << tokens.size() << " tokens " << m->from << " -> " << m->to << " ...\n";
     const auto t0 = Clock::now();
-    json j = call(*target, "POST", "/move",
-                  {{"old_position", {m->from, m->location}}, {"new_position", {m->to, m->location}},
-                   {"tokens", tokens}, {"should_copy", m->copy}});
+    // The controller answers when the move is done; on a terminal, show that it is running.
+    std::atomic<bool> done{false};
+    std::thread progress;
+    if (!target->json_out && isatty(STDERR_FILENO))
+      progress = std::thread([&] {
+        while (!done) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(200));
+          std::cerr << "\r  " << std::chrono::duration<double>(Clock::now() - t0).count() << " s" << std::flush;
+        }
+        std::cerr << "\r";
+      });
+    auto stop_progress = [&] {
+      done = true;
+      if (progress.joinable()) progress.join();
+    };
+    json j;
+    try {
+      j = call(*target, "POST", "/move",
+               {{"old_position", {m->from, m->location}}, {"new_position", {m->to, m->location}},
+                {"tokens", tokens}, {"should_copy", m->copy}});
+    } catch (...) {
+      stop_progress();
+      throw;
+    }
+    stop_progress();
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     const std::int64_t moved = j.value("num_tokens", 0);
     std::ostringstream human;

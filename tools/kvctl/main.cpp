@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   kvctl::add_keys_commands(app);
   kvctl::add_doctor_command(app);
   kvctl::add_controller_commands(app);
+  kvctl::add_node_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::RuntimeError& e) {  // a command failed; it printed why

@@ -44,8 +44,8 @@ struct AgentOptions {
   int full_sync_start_tries = 3;
   std::chrono::milliseconds full_sync_retry_delay{1000};
   std::chrono::milliseconds full_sync_batch_interval{5};
-  std::chrono::milliseconds full_sync_poll_interval{5000};
-  int full_sync_max_polls = 60;
+  std::chrono::milliseconds full_sync_poll_interval{5000};  // the longest wait between polls
+  int full_sync_max_polls = 60;  // gives up (unfreezes) after this many intervals
   int full_sync_max_resends = 3;
 };
 

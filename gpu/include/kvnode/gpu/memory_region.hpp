@@ -2,10 +2,14 @@
 // and mlock when the host allows, both best effort and reported), pinned host memory
 // (cudaHostAlloc) or device memory (cudaMalloc). The CUDA kinds need a build with the CUDA runtime
 // and a driver with a GPU at run time; without them allocate() says so and nothing else breaks.
+// Host memory may be a named POSIX shared-memory object instead (shared_name), so a client
+// process on the same host can map the pool and read or write chunks without a copy through a
+// socket; the object is owner-only (0600) and unlinked when the region is released.
 #pragma once
 
 #include <cstddef>
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include "kvnode/common/result.hpp"
@@ -22,6 +26,7 @@ struct RegionOptions {
   int device = 0;           // CUDA device of kDevice memory
   bool huge_pages = true;   // kHost: ask for transparent huge pages
   bool lock = true;         // kHost: mlock, so the pages never swap; best effort
+  std::string shared_name;  // kHost: "/name" of a POSIX shm object to map; "" = anonymous
 };
 
 class MemoryRegion {
@@ -37,12 +42,14 @@ class MemoryRegion {
   int device() const { return memory_.get_deleter().device; }
   bool locked() const { return locked_; }          // kHost: mlock succeeded
   bool huge_pages() const { return huge_pages_; }  // kHost: THP asked for and not disabled
+  const std::string& shared_name() const { return memory_.get_deleter().shm_name; }  // "" unless shared
 
  private:
   struct Release {
     MemoryKind kind = MemoryKind::kHost;
     std::size_t mapped = 0;  // kHost: length of the mapping
     int device = 0;
+    std::string shm_name;    // kHost shared: unlinked on release
     void operator()(void* p) const;
   };
   MemoryRegion(std::unique_ptr<void, Release> memory, std::size_t bytes)

@@ -1,6 +1,7 @@
 // The kvnode daemon as a library: from a NodeConfig it assembles the node (chunk pool, store,
 // engine, transfer plane at p2p_host:p2p_init_ports[rank], cross-node moves, worker agent
-// registered with the controller) and serves /health and /metrics over HTTP. tools/kvnode is a
+// registered with the controller, the local client socket) and serves /health and /metrics over
+// HTTP. tools/kvnode is a
 // thin main over it; tests start it in-process or as a process.
 #pragma once
 
@@ -27,6 +28,7 @@ class Daemon {
 
   DaemonPorts ports() const;
   std::string peer_init_url() const;
+  std::string local_socket() const;  // the local client socket's path; "" when off
   std::string metrics() const;  // Prometheus text, as /metrics serves it
 
   struct Parts;

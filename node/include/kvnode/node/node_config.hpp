@@ -37,7 +37,14 @@ struct NodeConfig {
   std::optional<std::string> ucx_tls;      // else UCX_TLS from the environment, else UCX's choice
   std::optional<std::string> ucx_net_devices;
   std::string log_level = "info";
+  // The local client socket (LocalService): "" = /tmp/kvnode-<instance>-<rank>.sock, "off" = none.
+  std::string local_socket;
+  double full_sync_startup_delay = 5.0;    // s: random wait before the start-up full sync
+  std::size_t local_staging_mb = 256;      // shared staging for local clients' bytes; 0: inline
 };
+
+// The local socket's path after defaults ("" when off).
+std::string local_socket_path(const NodeConfig& c);
 
 struct ConfigOrExit {
   std::optional<NodeConfig> config;

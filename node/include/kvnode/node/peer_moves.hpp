@@ -69,6 +69,8 @@ class PeerMoves {
   wire::Msg on_move(const wire::MoveWorkerMsg& m);
   // P2P retrieval of the chunks of `tokens` this node lacks, from the node `locate` names.
   RetrieveResult retrieve(const std::vector<std::int64_t>& tokens, const Locate& locate);
+  // The same by chunk hashes (tokens stays 0): the leading chunks of `hashes`.
+  RetrieveResult retrieve_chunks(const std::vector<ChunkHash>& hashes, const Locate& locate);
 
   // The destination side: answers a peer's reserve / commit / release.
   Result<std::vector<std::byte>> on_ask(const std::string& peer, const std::vector<std::byte>& request);

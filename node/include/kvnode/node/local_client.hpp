@@ -1,0 +1,89 @@
+// The inference engine's handle on the kvnode daemon of its host: put, get, contains and P2P
+// retrieve of KV chunks, named by chunk hash or by tokens (hashed by the daemon with LMCache's
+// chain), into and out of the caller's memory. Chunk bytes go through the daemon's shared staging
+// region (the client writes or reads slots, the daemon copies them to or from its pool; no byte
+// crosses the socket); when the client cannot map it, bytes travel over the socket. Large
+// requests are split into rounds of as many chunks as the staging region holds. Every call answers within the timeout, with an error when the
+// daemon does not answer. Not thread-safe: one client per thread.
+//
+//   auto client = kvnode::node::LocalClient::connect("/tmp/kvnode-vllm-0-0.sock").value();
+//   const std::size_t n = client->info().chunk_bytes;
+//   client->put(kvnode::node::ChunkKeys::of_tokens(tokens), kv_bytes);   // n bytes per chunk
+//   std::size_t got = client->get(kvnode::node::ChunkKeys::of_tokens(tokens), out).value();
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvnode/common/result.hpp"
+
+namespace kvnode::node {
+
+// Chunks named by their hashes, or by the tokens whose chunks they are.
+struct ChunkKeys {
+  std::vector<std::int64_t> values;
+  bool tokens = false;
+  static ChunkKeys of_hashes(std::vector<std::int64_t> h) { return {std::move(h), false}; }
+  static ChunkKeys of_tokens(std::vector<std::int64_t> t) { return {std::move(t), true}; }
+};
+
+struct NodeInfo {
+  std::size_t chunk_bytes = 0;  // bytes per chunk (one pool page)
+  std::size_t chunk_size = 0;   // tokens per chunk
+  std::size_t pages = 0;
+  std::string shm;              // the staging region's name; "" when bytes go inline
+  std::string location, instance;
+  std::int64_t worker_id = 0;
+};
+
+struct RetrieveReply {
+  std::size_t chunks = 0;  // leading chunks held locally now
+  std::size_t pulled = 0;  // of them, pulled from a peer
+  std::size_t tokens = 0;  // by tokens: the leading tokens held
+  std::string peer;        // the peer pulled from
+};
+
+struct LocalClientOptions {
+  std::chrono::milliseconds timeout{15'000};  // per request (retrieve may cross the network)
+  bool use_shared_memory = true;              // false: bytes inline even when the pool is shared
+};
+
+class LocalClient {
+ public:
+  static Result<std::unique_ptr<LocalClient>> connect(const std::string& socket_path,
+                                                      LocalClientOptions options = {});
+  ~LocalClient();
+  LocalClient(const LocalClient&) = delete;
+  LocalClient& operator=(const LocalClient&) = delete;
+
+  const NodeInfo& info() const;
+  bool shared_memory() const;  // the direct data path is in use
+
+  // Stores chunk i from data[i * chunk_bytes, (i + 1) * chunk_bytes); data holds exactly one
+  // chunk per key. Chunks already stored are left as they are. Returns the chunks now stored.
+  Result<std::size_t> put(const ChunkKeys& keys, std::span<const std::byte> data);
+  // Copies the leading stored chunks into out (chunk after chunk); returns how many. An error
+  // when out is too small for every stored chunk asked for.
+  Result<std::size_t> get(const ChunkKeys& keys, std::span<std::byte> out);
+  Result<std::vector<bool>> contains(const ChunkKeys& keys);
+  // The chunk hashes of tokens, as this node computes them (LMCache's chain).
+  Result<std::vector<std::int64_t>> hashes(const std::vector<std::int64_t>& tokens);
+  // Leading tokens stored on this node.
+  Result<std::size_t> lookup(const std::vector<std::int64_t>& tokens);
+  // Pulls the chunks this node lacks from the peer the controller names (P2P), then answers
+  // what is held locally.
+  Result<RetrieveReply> retrieve(const ChunkKeys& keys);
+
+  struct Impl;
+
+ private:
+  explicit LocalClient(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvnode::node

@@ -1,0 +1,55 @@
+// The daemon's local socket: how an inference engine on the same host reaches the node's chunks
+// (LocalClient is the other end). ZeroMQ ROUTER on ipc://<path>; one thread serves every client
+// in arrival order, and every request gets an answer (ok, or an error naming the field).
+//
+// Data path: a staging region in POSIX shared memory (slots of one chunk each) that clients map.
+// A put is reserve (slots) -> the client writes them -> commit (the daemon copies each slot into
+// a pool page and only then makes the chunk readable); a get is lease (the daemon copies the
+// leading stored chunks into slots) -> the client reads them -> release. Clients never map the
+// pool itself: a buggy client can only spoil its own slots, the pool keeps its huge pages (shmem
+// rarely has them; on this project's VMs 4 KiB shmem pages cut cma transfers tenfold), and the
+// same path serves pinned pools. A hold a client never finishes (it died) expires after
+// hold_ttl and its slots return. Without staging (slots = 0), bytes travel inline.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "kvnode/common/result.hpp"
+#include "kvnode/node/peer_moves.hpp"
+
+namespace kvnode::node {
+
+struct LocalServiceOptions {
+  std::string path;                              // the ipc socket file
+  std::string instance;                          // answered by info
+  std::int64_t worker_id = 0;
+  std::chrono::milliseconds hold_ttl{30'000};    // reserve/lease holds a client must finish by
+  std::size_t max_holds = 4096;                  // outstanding holds, all clients together
+  std::size_t staging_slots = 0;                 // chunks in the shared staging region; 0: inline only
+  std::string staging_name;                      // its POSIX shm name ("/...")
+};
+
+class LocalService {
+ public:
+  // `engine` (and `moves`/`locate`, when given) must outlive the service. Retrieve needs both.
+  static Result<std::unique_ptr<LocalService>> start(const LocalServiceOptions& options, Engine& engine,
+                                                     PeerMoves* moves, Locate locate);
+  ~LocalService();  // stops the thread, drops every hold (uncommitted writes are aborted)
+  LocalService(const LocalService&) = delete;
+  LocalService& operator=(const LocalService&) = delete;
+
+  const std::string& path() const;
+  std::uint64_t requests() const;  // served, errors included
+  std::uint64_t errors() const;
+
+  struct Impl;
+
+ private:
+  explicit LocalService(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvnode::node

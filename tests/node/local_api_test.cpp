@@ -1,0 +1,327 @@
+// The local client API against real daemons (in-process, real ZeroMQ ipc sockets, real shared
+// memory, a real controller): put/get/contains/lookup by hash and by tokens over the staging
+// region and inline, requests larger than the staging region, P2P retrieve between two nodes,
+// hostile requests on the socket, and holds a client abandons.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <msgpack.hpp>
+#include <zmq.hpp>
+
+#include "kvnode/node/daemon.hpp"
+#include "kvnode/node/local_client.hpp"
+#include "kvnode/node/local_service.hpp"
+#include "node_rig.hpp"
+
+namespace kvnode::node {
+namespace {
+
+using namespace rig;
+
+constexpr std::size_t kBytes = 64 << 10;  // per chunk
+constexpr std::size_t kChunkTokens = 16;
+
+std::size_t or0(const Result<std::size_t>& r) { return r ? *r : 0; }
+
+std::string temp_socket(const std::string& name) {
+  return "/tmp/kvnode-test-" + std::to_string(getpid()) + "-" + name + ".sock";
+}
+
+NodeConfig config_for(const controller::BoundPorts& ports, const std::string& instance, std::size_t staging_mb = 1) {
+  NodeConfig c;
+  c.lmcache_instance_id = instance;
+  c.controller_pull_url = "127.0.0.1:" + std::to_string(ports.pull);
+  c.controller_reply_url = "127.0.0.1:" + std::to_string(ports.reply);
+  c.chunk_size = kChunkTokens;
+  c.chunk_bytes = kBytes;
+  c.max_local_cpu_size = 64.0 * kBytes / 1e9;  // 64 chunks
+  c.lmcache_worker_heartbeat_time = 0.2;
+  c.full_sync_startup_delay = 0;
+  c.http_port = -1;
+  c.ucx_tls = "tcp";
+  c.ucx_net_devices = "lo";
+  c.local_socket = temp_socket(instance);
+  c.local_staging_mb = staging_mb;  // 16 slots of 64 KiB
+  return c;
+}
+
+std::vector<std::byte> bytes_of(const std::vector<std::int64_t>& hashes) {
+  std::vector<std::byte> out;
+  for (std::int64_t h : hashes) {
+    const std::vector<std::byte> b = chunk_bytes(h, kBytes);
+    out.insert(out.end(), b.begin(), b.end());
+  }
+  return out;
+}
+
+std::vector<std::int64_t> tokens(std::size_t n, std::int64_t first = 1) {
+  std::vector<std::int64_t> t(n);
+  std::iota(t.begin(), t.end(), first);
+  return t;
+}
+
+std::unique_ptr<LocalClient> client_of(const std::string& path, bool shared = true) {
+  LocalClientOptions o;
+  o.use_shared_memory = shared;
+  o.timeout = 5s;
+  auto c = LocalClient::connect(path, o);
+  EXPECT_TRUE(c) << c.error().message;
+  return c ? std::move(c).value() : nullptr;
+}
+
+// Puts 40 chunks (more than the 16 staging slots: the client splits) by tokens, reads them back
+// by hash, checks every byte, and asks contains/lookup.
+void round_trip(LocalClient& c) {
+  const std::vector<std::int64_t> t = tokens(40 * kChunkTokens);
+  Result<std::vector<std::int64_t>> h = c.hashes(t);
+  ASSERT_TRUE(h) << h.error().message;
+  ASSERT_EQ(h->size(), 40u);
+  const std::vector<std::byte> data = bytes_of(*h);
+  Result<std::size_t> put = c.put(ChunkKeys::of_tokens(t), data);
+  ASSERT_TRUE(put) << put.error().message;
+  EXPECT_EQ(*put, 40u);
+  // Again: nothing changes, every chunk counts as stored.
+  Result<std::size_t> again = c.put(ChunkKeys::of_hashes(*h), data);
+  ASSERT_TRUE(again) << again.error().message;
+  EXPECT_EQ(*again, 40u);
+
+  std::vector<std::byte> out(data.size());
+  Result<std::size_t> got = c.get(ChunkKeys::of_hashes(*h), out);
+  ASSERT_TRUE(got) << got.error().message;
+  EXPECT_EQ(*got, 40u);
+  EXPECT_TRUE(out == data);
+
+  std::vector<std::int64_t> probe = {(*h)[0], 12345, (*h)[39]};
+  Result<std::vector<bool>> has = c.contains(ChunkKeys::of_hashes(probe));
+  ASSERT_TRUE(has);
+  EXPECT_EQ(*has, (std::vector<bool>{true, false, true}));
+  Result<std::size_t> tokens_held = c.lookup(tokens(45 * kChunkTokens));
+  ASSERT_TRUE(tokens_held);
+  EXPECT_EQ(*tokens_held, 40 * kChunkTokens);
+
+  // A buffer too small for what is stored is an error, not a silent truncation.
+  std::vector<std::byte> small(3 * kBytes);
+  EXPECT_FALSE(c.get(ChunkKeys::of_hashes(*h), small));
+  // A key that is absent ends the prefix.
+  std::vector<std::int64_t> gap = {(*h)[0], 999, (*h)[2]};
+  Result<std::size_t> prefix = c.get(ChunkKeys::of_hashes(gap), out);
+  ASSERT_TRUE(prefix);
+  EXPECT_EQ(*prefix, 1u);
+  // Wrong data size.
+  EXPECT_FALSE(c.put(ChunkKeys::of_hashes({1, 2}), std::span(data).first(kBytes)));
+}
+
+class LocalApiTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ctl_ = start_controller(); }
+  std::unique_ptr<Daemon> start(const NodeConfig& c) {
+    auto d = Daemon::start(c);
+    EXPECT_TRUE(d) << d.error().message;
+    return d ? std::move(d).value() : nullptr;
+  }
+  std::unique_ptr<controller::Controller> ctl_;
+};
+
+TEST_F(LocalApiTest, RoundTripThroughSharedStaging) {
+  auto d = start(config_for(ctl_->ports(), "local-shm"));
+  ASSERT_TRUE(d);
+  auto c = client_of(d->local_socket());
+  ASSERT_TRUE(c);
+  EXPECT_TRUE(c->shared_memory());
+  EXPECT_EQ(c->info().chunk_bytes, kBytes);
+  EXPECT_EQ(c->info().chunk_size, kChunkTokens);
+  EXPECT_EQ(c->info().instance, "local-shm");
+  round_trip(*c);
+  // The daemon's metrics count what the client asked.
+  EXPECT_NE(d->metrics().find("kvnode_local_requests_total"), std::string::npos);
+}
+
+TEST_F(LocalApiTest, RoundTripInline) {
+  auto d = start(config_for(ctl_->ports(), "local-inline"));
+  ASSERT_TRUE(d);
+  auto c = client_of(d->local_socket(), /*shared=*/false);
+  ASSERT_TRUE(c);
+  EXPECT_FALSE(c->shared_memory());
+  round_trip(*c);
+}
+
+TEST_F(LocalApiTest, RoundTripWithoutStagingRegion) {
+  auto d = start(config_for(ctl_->ports(), "local-nostaging", /*staging_mb=*/0));
+  ASSERT_TRUE(d);
+  auto c = client_of(d->local_socket());
+  ASSERT_TRUE(c);
+  EXPECT_FALSE(c->shared_memory());
+  EXPECT_TRUE(c->info().shm.empty());
+  round_trip(*c);
+}
+
+TEST_F(LocalApiTest, ChunksPutAreIndexedAndRetrievedByAPeer) {
+  auto a = start(config_for(ctl_->ports(), "local-A"));
+  auto b = start(config_for(ctl_->ports(), "local-B"));
+  ASSERT_TRUE(a && b);
+  auto ca = client_of(a->local_socket());
+  auto cb = client_of(b->local_socket());
+  ASSERT_TRUE(ca && cb);
+  const std::vector<std::int64_t> t = tokens(20 * kChunkTokens, 100);
+  const std::vector<std::int64_t> h = ca->hashes(t).value();
+  const std::vector<std::byte> data = bytes_of(h);
+  // A node refuses writes during its start-up full sync; the sync is quick with no delay.
+  ASSERT_TRUE(eventually([&] { return or0(ca->put(ChunkKeys::of_tokens(t), data)) == 20; }));
+  Result<RetrieveReply> r{make_error("not tried")};
+  ASSERT_TRUE(eventually([&] {
+    r = cb->retrieve(ChunkKeys::of_tokens(t));
+    return r && r->chunks == 20;
+  })) << (r ? "held " + std::to_string(r->chunks) : r.error().message);
+  EXPECT_EQ(r->tokens, t.size());
+  EXPECT_EQ(r->pulled, 20u);
+  EXPECT_EQ(r->peer, a->peer_init_url());
+  std::vector<std::byte> out(data.size());
+  ASSERT_EQ(or0(cb->get(ChunkKeys::of_tokens(t), out)), 20u);
+  EXPECT_TRUE(out == data);
+  // Held locally now: a second retrieve pulls nothing.
+  Result<RetrieveReply> again = cb->retrieve(ChunkKeys::of_hashes(h));
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->pulled, 0u);
+  EXPECT_EQ(again->chunks, 20u);
+}
+
+// Raw requests: what a hostile or broken client can send. Each gets an error naming the field,
+// and the node keeps serving.
+TEST_F(LocalApiTest, BadRequestsGetClearErrorsAndTheNodeKeepsServing) {
+  auto d = start(config_for(ctl_->ports(), "local-bad"));
+  ASSERT_TRUE(d);
+  zmq::context_t ctx;
+  auto ask = [&](const std::string& payload) -> std::string {
+    zmq::socket_t s(ctx, zmq::socket_type::req);
+    s.set(zmq::sockopt::linger, 0);
+    s.set(zmq::sockopt::rcvtimeo, 5000);
+    s.connect("ipc://" + d->local_socket());
+    s.send(zmq::buffer(payload), zmq::send_flags::none);
+    zmq::message_t reply;
+    if (!s.recv(reply)) return "<no answer>";
+    msgpack::object_handle h = msgpack::unpack(static_cast<const char*>(reply.data()), reply.size());
+    std::map<std::string, msgpack::object> m;
+    h.get().convert(m);
+    if (m.at("ok").as<bool>()) return "ok";
+    return m.at("error").as<std::string>();
+  };
+  auto pack = [](auto write) {
+    msgpack::sbuffer b;
+    msgpack::packer<msgpack::sbuffer> pk(b);
+    write(pk);
+    return std::string(b.data(), b.size());
+  };
+  EXPECT_NE(ask("\xc1 garbage").find("not a valid msgpack"), std::string::npos);
+  EXPECT_NE(ask(pack([](auto& pk) { pk.pack(42); })).find("request: expected a map"), std::string::npos);
+  EXPECT_NE(ask(pack([](auto& pk) {
+              pk.pack_map(1);
+              pk.pack(std::string("hashes"));
+              pk.pack(std::vector<std::int64_t>{1});
+            })).find("request.op: missing"),
+            std::string::npos);
+  EXPECT_NE(ask(pack([](auto& pk) {
+              pk.pack_map(2);
+              pk.pack(std::string("op"));
+              pk.pack(std::string("contains"));
+              pk.pack(std::string("hashes"));
+              pk.pack_array(2);
+              pk.pack(1);
+              pk.pack(std::string("two"));
+            })).find("request.hashes[1]: expected an integer"),
+            std::string::npos);
+  EXPECT_NE(ask(pack([](auto& pk) {
+              pk.pack_map(1);
+              pk.pack(std::string("op"));
+              pk.pack(std::string("format-disk"));
+            })).find("unknown operation 'format-disk'"),
+            std::string::npos);
+  EXPECT_NE(ask(pack([](auto& pk) {
+              pk.pack_map(2);
+              pk.pack(std::string("op"));
+              pk.pack(std::string("commit"));
+              pk.pack(std::string("hold"));
+              pk.pack(77);
+            })).find("no such hold"),
+            std::string::npos);
+  // A put whose bytes do not match its chunk count stores nothing.
+  EXPECT_NE(ask(pack([](auto& pk) {
+              pk.pack_map(3);
+              pk.pack(std::string("op"));
+              pk.pack(std::string("put"));
+              pk.pack(std::string("hashes"));
+              pk.pack(std::vector<std::int64_t>{5, 6});
+              pk.pack(std::string("data"));
+              pk.pack_bin(10);
+              pk.pack_bin_body("0123456789", 10);
+            })).find("request.data: 2 chunks need"),
+            std::string::npos);
+  // An array header claiming 2^32-1 entries is refused without allocating them.
+  const std::string huge = std::string("\x82\xa2op\xa8") + "contains" + "\xa6" + "hashes" + "\xdd\xff\xff\xff\xff";
+  EXPECT_NE(ask(huge).find("not a valid msgpack"), std::string::npos);
+  // Still serving.
+  auto c = client_of(d->local_socket());
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->contains(ChunkKeys::of_hashes({5, 6})).value(), (std::vector<bool>{false, false}));
+}
+
+// A client that reserves slots and vanishes: its hold expires, its slots return, and the chunk
+// it never committed is never readable.
+TEST(LocalService, AbandonedHoldsExpireAndNothingHalfWrittenIsReadable) {
+  gpu::PoolOptions po;
+  po.page_bytes = kBytes;
+  po.pages = 8;
+  gpu::ChunkPool pool = std::move(gpu::ChunkPool::create(po)).value();
+  ChunkStore store(pool, kCpu, [](const StoreEvent&) {});
+  Engine engine(store);
+  LocalServiceOptions o;
+  o.path = temp_socket("expiry");
+  o.hold_ttl = 300ms;
+  o.staging_slots = 2;
+  o.staging_name = "/kvnode-test-" + std::to_string(getpid()) + "-expiry";
+  auto service = LocalService::start(o, engine, nullptr, nullptr);
+  ASSERT_TRUE(service) << service.error().message;
+
+  zmq::context_t ctx;
+  zmq::socket_t s(ctx, zmq::socket_type::req);
+  s.set(zmq::sockopt::linger, 0);
+  s.set(zmq::sockopt::rcvtimeo, 5000);
+  s.connect("ipc://" + o.path);
+  msgpack::sbuffer b;
+  msgpack::packer<msgpack::sbuffer> pk(b);
+  pk.pack_map(2);
+  pk.pack(std::string("op"));
+  pk.pack(std::string("reserve"));
+  pk.pack(std::string("hashes"));
+  pk.pack(std::vector<std::int64_t>{7, 8});
+  s.send(zmq::buffer(b.data(), b.size()), zmq::send_flags::none);
+  zmq::message_t reply;
+  ASSERT_TRUE(s.recv(reply));
+  ASSERT_NE(std::string(static_cast<const char*>(reply.data()), reply.size()).find("hold"), std::string::npos);
+
+  // Both slots are held: another client cannot reserve until the hold expires.
+  LocalClientOptions co;
+  co.timeout = 5s;
+  auto c = LocalClient::connect(o.path, co);
+  ASSERT_TRUE(c) << c.error().message;
+  const std::vector<std::byte> data = bytes_of({9});
+  EXPECT_FALSE((*c)->put(ChunkKeys::of_hashes({9}), data));
+  EXPECT_FALSE(store.contains(7));
+  ASSERT_TRUE(eventually([&] { return or0((*c)->put(ChunkKeys::of_hashes({9}), data)) == 1; }));
+  EXPECT_FALSE(store.contains(7));
+  EXPECT_FALSE(store.contains(8));
+  EXPECT_TRUE(store.contains(9));
+  EXPECT_EQ(store.counters().reserved, 0u);
+}
+
+TEST(LocalClient, NoDaemonIsAnErrorWithinTheTimeout) {
+  LocalClientOptions o;
+  o.timeout = 300ms;
+  const auto t0 = Clock::now();
+  auto c = LocalClient::connect(temp_socket("nobody"), o);
+  ASSERT_FALSE(c);
+  EXPECT_NE(c.error().message.find("did not answer"), std::string::npos) << c.error().message;
+  EXPECT_LT(Clock::now() - t0, 3s);
+}
+
+}  // namespace
+}  // namespace kvnode::node

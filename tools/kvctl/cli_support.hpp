@@ -1,0 +1,23 @@
+// What kvctl's command groups share: failing with an exit code, and token arguments.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvctl {
+
+// Prints "kvctl: message" on stderr and ends the command with `code` (1 failed, 2 bad input).
+[[noreturn]] void fail(int code, const std::string& message);
+
+// Tokens from --tokens "1,2,3", --token-range A:B (A inclusive, B exclusive) or --token-file
+// (integers separated by spaces, commas or newlines, or a JSON array; - = stdin).
+struct TokenArgs {
+  std::string list, range, file;
+  void add(CLI::App* c);
+  std::vector<std::int64_t> get() const;
+};
+
+}  // namespace kvctl
