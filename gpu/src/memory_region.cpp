@@ -108,6 +108,16 @@ Result<MemoryRegion> MemoryRegion::allocate(std::size_t bytes, const RegionOptio
   // mlock faults every page in now (no page faults mid-transfer) and keeps them resident; it
   // fails under a small RLIMIT_MEMLOCK, which locked() reports.
   if (options.lock) region.locked_ = mlock(p, mapped) == 0;
+  // Without the lock (RLIMIT_MEMLOCK too small), fault every page in now anyway: a first touch
+  // inside a transfer costs far more (measured on these VMs: cma into fresh pages ran at a tenth
+  // of its speed). MADV_POPULATE_WRITE keeps the huge pages asked for above (Linux 5.14+).
+  if (!region.locked_) {
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+    if (madvise(p, mapped, MADV_POPULATE_WRITE) != 0)
+      for (std::size_t at = 0; at < mapped; at += 4096) static_cast<volatile char*>(p)[at] = 0;
+  }
   return region;
 }
 

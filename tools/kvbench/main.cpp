@@ -1,5 +1,6 @@
 // kvbench: benchmarks for operators. `kvbench transfer` measures the transfer plane between two
-// processes on loopback next to ucx_perftest and memcpy (docs/benchmarks.md).
+// processes on loopback next to ucx_perftest and memcpy; `kvbench node` the whole node (moves
+// through kvcontroller, P2P retrieve) next to the raw plane (docs/benchmarks.md).
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -11,6 +12,7 @@
 #include <map>
 
 #include "baselines.hpp"
+#include "node_bench.hpp"
 #include "transfer_bench.hpp"
 
 using namespace kvnode::bench;
@@ -61,6 +63,17 @@ int main(int argc, char** argv) {
   transfer->add_flag("--stage", stage,
                      "move both pools through staging slots (the device-pool path, memcpy for CUDA)");
 
+  auto* node_cmd = app.add_subcommand("node", "the whole node: moves through kvcontroller vs the raw plane, P2P retrieve");
+  NodeBenchSpec node_spec;
+  std::string node_tls = "default";
+  node_cmd->add_option("--tls", node_tls, "UCX_TLS for the nodes; 'default' leaves it to UCX");
+  node_cmd->add_option("--chunk-bytes", node_spec.chunk_bytes, "bytes per chunk")
+      ->check(CLI::Range(std::size_t{4096}, std::size_t{1} << 30));
+  node_cmd->add_option("--chunks", node_spec.chunks, "chunks per move (64 or more for the 64-chunk retrieve)")
+      ->check(CLI::Range(1, 4096));
+  node_cmd->add_option("--iters", node_spec.iterations, "moves each way, retrieves per size")->check(CLI::Range(1, 1000));
+  node_cmd->add_flag("--json", node_spec.json, "one JSON object instead of text");
+
   auto* serve_cmd = app.add_subcommand("serve", "(internal) the serving side of kvbench transfer");
   serve_cmd->group("");
   std::string port_file;
@@ -75,6 +88,11 @@ int main(int argc, char** argv) {
   spdlog::set_default_logger(spdlog::stderr_color_mt("kvbench"));
   spdlog::set_level(serve_cmd->parsed() ? spdlog::level::err : spdlog::level::warn);
   if (serve_cmd->parsed()) return serve(port_file, chunk_bytes, pages, stage);
+  if (node_cmd->parsed()) {
+    node_spec.self = self_path();
+    node_spec.tls = node_tls == "default" ? "" : node_tls;
+    return run_node_bench(node_spec);
+  }
 
   std::vector<GroupSpec> groups;
   const std::string self = self_path();
