@@ -22,7 +22,7 @@ Usage: ./dev.sh COMMAND
   test    build build-sanitize/ (ASan+UBSan) and run ctest, then build build-fuzz/ (clang-14)
           and run each fuzz_* target for KVNODE_FUZZ_SECONDS in total (default 60)
   demo    build, then run kvcontroller and two kvnode on loopback: put, lookup, move, verify
-  bench   build, then run every build/bin/bench_* and kvbench transfer --quick
+  bench   build, then run every build/bin/bench_*, kvbench transfer --quick and kvbench node
   help    show this text
 
 Each command first installs missing Debian packages (apt-get, needs root).
@@ -229,6 +229,9 @@ cmd_bench() {
   done
   echo "== build/bin/kvbench transfer --quick"
   build/bin/kvbench transfer --quick
+  echo "== build/bin/kvbench node (tcp, then UCX's default)"
+  build/bin/kvbench node --tls tcp
+  build/bin/kvbench node
 }
 
 main() {
