@@ -236,14 +236,22 @@ MoveResult PeerMoves::move(const std::string& peer_url, const std::vector<std::i
         ++out.chunks_sent;
       }
       if (!ok) ++out.chunks_failed;
-      if (ok) confirmed.push_back(h);
       if (!ok) gap = true;
-      if (!gap) out.tokens_confirmed = keys::chunk_end_token(start + i, tokens.size(), engine_.chunk_size());
+      if (!gap) {
+        confirmed.push_back(h);
+        out.tokens_confirmed = keys::chunk_end_token(start + i, tokens.size(), engine_.chunk_size());
+      }
+    }
+    // The prefix breaks here: later rounds could only scatter chunks no node holds a usable
+    // prefix of, so stop (the rest stays at the source).
+    if (gap) {
+      out.chunks_failed += leases.size() - start - n;
+      break;
     }
   }
   leases.clear();
   if (!copy)
-    for (ChunkHash h : confirmed) store.remove(h);  // EVICT only what the destination holds
+    for (ChunkHash h : confirmed) store.remove(h);  // EVICT only the leading run the destination holds
   return out;
 }
 

@@ -4,12 +4,19 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -28,35 +35,94 @@ inline constexpr const char* kCpu = "LocalCPUBackend";
 inline constexpr std::size_t kChunkBytes = 64 << 10;
 
 // A chunk's bytes: a function of its hash, so any copy can be checked.
+// Byte i is (h * 7 + i) mod 256, computed unsigned (no signed overflow for any hash); it repeats
+// every 256 bytes, so one period is computed and copied.
 inline std::vector<std::byte> chunk_bytes(ChunkHash h, std::size_t size = kChunkBytes) {
   std::vector<std::byte> b(size);
-  for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<std::byte>((h * 7 + i) & 0xff);
+  const std::uint64_t base = static_cast<std::uint64_t>(h) * 7;
+  for (std::size_t i = 0; i < size && i < 256; ++i) b[i] = static_cast<std::byte>((base + i) & 0xff);
+  for (std::size_t i = 256; i < size; i += 256) std::memcpy(b.data() + i, b.data(), std::min<std::size_t>(256, size - i));
   return b;
 }
 
-inline bool eventually(const std::function<bool()>& c) {
-  for (const auto until = Clock::now() + 15s; !c();) {
+inline bool eventually(const std::function<bool()>& c, Clock::duration patience = 15s) {
+  for (const auto until = Clock::now() + patience; !c();) {
     if (Clock::now() > until) return false;
     std::this_thread::sleep_for(10ms);
   }
   return true;
 }
 
-inline std::unique_ptr<controller::Controller> start_controller() {
+// `n` distinct loopback TCP ports free right now, for processes that must come back on the same
+// ports. They are taken below the kernel's ephemeral range where it leaves room (so no outgoing
+// connection of a test running alongside takes one while its process restarts), and all are held
+// until the last is chosen, so no two are the same.
+inline std::vector<int> free_ports(std::size_t n) {
+  int ephemeral_low = 32768, ephemeral_high = 60999;
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(f, "%d %d", &ephemeral_low, &ephemeral_high) != 2) ephemeral_low = 0;
+    std::fclose(f);
+  }
+  std::mt19937 pick(static_cast<unsigned>(::getpid()) ^
+                    static_cast<unsigned>(Clock::now().time_since_epoch().count()));
+  std::vector<int> fds, ports;
+  auto hold = [&](int wanted) {  // binds `wanted` (0: any), keeps it; the port, or -1
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<std::uint16_t>(wanted));
+    socklen_t len = sizeof(a);
+    if (fd < 0) return -1;
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      ::close(fd);
+      return -1;
+    }
+    fds.push_back(fd);
+    return static_cast<int>(ntohs(a.sin_port));
+  };
+  for (std::size_t i = 0; i < n; ++i) {
+    int port = -1;
+    for (int tries = 0; port < 0 && tries < 100 && ephemeral_low > 11000; ++tries)
+      port = hold(10000 + static_cast<int>(pick() % static_cast<unsigned>(ephemeral_low - 10000)));
+    if (port < 0) port = hold(0);
+    ports.push_back(port);
+  }
+  for (int fd : fds) ::close(fd);
+  return ports;
+}
+inline int free_port() { return free_ports(1)[0]; }
+
+// `adjust` may change the config first (e.g. a fast reaper).
+inline std::unique_ptr<controller::Controller> start_controller(
+    const std::function<void(controller::ControllerConfig&)>& adjust = nullptr) {
   controller::ControllerConfig c;
   c.controller_host = "127.0.0.1";
   c.controller_port = 0;
   c.controller_monitor_ports = {0, 0, 0};
   c.log_level = "warn";
+  if (adjust) adjust(c);
   return std::move(controller::Controller::start(c)).value();
 }
+
+// A node's shape and its agent's pace; the defaults are what every node test started with.
+struct NodeOptions {
+  std::int64_t worker_id = 0;  // the TP rank
+  std::size_t pages = 32;
+  std::size_t page_bytes = kChunkBytes;
+  std::chrono::milliseconds heartbeat_period{100};
+  std::chrono::milliseconds request_timeout{5000};
+};
 
 // One node: what the kvnode daemon assembles, minus the daemon.
 class Node {
  public:
-  Node(const controller::BoundPorts& ports, const std::string& instance, const char* tls)
+  Node(const controller::BoundPorts& ports, const std::string& instance, const char* tls,
+       const NodeOptions& options = NodeOptions())
       : instance_(instance),
-        pool_(make_pool()),
+        options_(options),
+        pool_(make_pool(options)),
         store_(pool_, kCpu,
                [this](const StoreEvent& e) {
                  if (auto* a = agent_ptr_.load())
@@ -79,11 +145,12 @@ class Node {
     engine_.set_mover([this](const wire::MoveWorkerMsg& m) { return moves_.on_move(m); });
     agent::AgentOptions o;
     o.instance_id = instance;
+    o.worker_id = options.worker_id;
     o.controller_pull_url = "127.0.0.1:" + std::to_string(ports.pull);
     o.controller_reply_url = "127.0.0.1:" + std::to_string(ports.reply);
     o.peer_init_url = plane_->url();
-    o.heartbeat_period = 100ms;
-    o.request_timeout = 5s;
+    o.heartbeat_period = options.heartbeat_period;
+    o.request_timeout = options.request_timeout;
     o.full_sync_startup_delay = 0ms;
     o.full_sync_poll_interval = 50ms;
     agent::AgentHandlers h;
@@ -101,20 +168,35 @@ class Node {
   }
   RetrieveResult retrieve(const std::vector<std::int64_t>& tokens) {
     return moves_.retrieve(
-        tokens, locate_through([this](const wire::Msg& m) { return agent_->call(m); }, instance_, 0));
+        tokens, locate_through([this](const wire::Msg& m) { return agent_->call(m); }, instance_,
+                               options_.worker_id));
+  }
+  // Registered, heard by the controller, and through the full sync it was asked for, if any:
+  // stores and moves are taken now. (A fresh controller asks every worker's first heartbeat for
+  // a full sync only until the first syncs report progress; a node whose first heartbeat comes
+  // later is never asked, so waiting for a completed sync would wait for nothing.)
+  bool settled() {
+    const agent::AgentCounters c = agent_->counters();
+    return c.registered && c.heartbeats >= 3 && c.full_syncs_started == c.full_syncs_completed &&
+           !engine_.frozen();
   }
   Engine& engine() { return engine_; }
   ChunkStore& store() { return store_; }
   agent::WorkerAgent& agent() { return *agent_; }
+  transfer::TransferPlane& plane() { return *plane_; }
+  std::string url() const { return plane_->url(); }  // its peer_init_url
+  const std::string& instance() const { return instance_; }
+  std::int64_t worker_id() const { return options_.worker_id; }
 
  private:
-  static gpu::ChunkPool make_pool() {
+  static gpu::ChunkPool make_pool(const NodeOptions& n) {
     gpu::PoolOptions o;
-    o.page_bytes = kChunkBytes;
-    o.pages = 32;
+    o.page_bytes = n.page_bytes;
+    o.pages = n.pages;
     return std::move(gpu::ChunkPool::create(o)).value();
   }
   std::string instance_;
+  NodeOptions options_;
   gpu::ChunkPool pool_;
   std::atomic<agent::WorkerAgent*> agent_ptr_{nullptr};
   ChunkStore store_;
@@ -124,16 +206,13 @@ class Node {
   std::unique_ptr<agent::WorkerAgent> agent_;
 };
 
-// A controller and two nodes, A and B, both through their first full sync (until then the
-// controller would drop their keys).
+// A controller and two nodes, A and B; synced(): both settled (through the full sync the
+// controller asked them for, if any: a node frozen in one refuses chunks).
 struct TwoNodes {
   explicit TwoNodes(const char* tls)
       : ctl(start_controller()), a(ctl->ports(), "inst-A", tls), b(ctl->ports(), "inst-B", tls) {}
   bool synced() {
-    return eventually([&] {
-      return a.agent().counters().full_syncs_completed >= 1 &&
-             b.agent().counters().full_syncs_completed >= 1;
-    });
+    return eventually([&] { return a.settled() && b.settled(); });
   }
   std::unique_ptr<controller::Controller> ctl;
   Node a;
