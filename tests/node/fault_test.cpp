@@ -253,7 +253,7 @@ TEST_P(FaultMove, ADeadDestinationLosesNoUnconfirmedChunkAndComesBackOnTheSamePo
     }
     ASSERT_TRUE(a.store().contains(hashes[i])) << "unconfirmed chunk " << i << " of " << n << " lost";
     ASSERT_EQ(a.engine().get(hashes[i], out).value(), kChunkBytes);
-    ASSERT_EQ(out, chunk_bytes(hashes[i])) << "chunk " << i;
+    ASSERT_TRUE(out == chunk_bytes(hashes[i])) << "chunk " << i << "'s bytes";
   }
   EXPECT_EQ(a.store().counters().chunks, held_before - confirmed);
   EXPECT_EQ(a.store().counters().reserved, 0u);
@@ -263,7 +263,8 @@ TEST_P(FaultMove, ADeadDestinationLosesNoUnconfirmedChunkAndComesBackOnTheSamePo
     return get_json(http, "/controller/workers?instance_id=" + b.instance()).value("status", 200) == 404;
   }, 30s)) << get_json(http, "/controller/workers").dump();
   EXPECT_FALSE(post_json(http, "/lookup", Json{{"tokens", warm}})["layout_info"].contains(b.instance()));
-  EXPECT_FALSE(post_json(http, "/lookup", Json{{"tokens", tokens}})["layout_info"].contains(b.instance()));
+  const std::vector<std::int64_t> head(tokens.begin(), tokens.begin() + 2 * 256);  // lookups walk from chunk 0
+  EXPECT_FALSE(post_json(http, "/lookup", Json{{"tokens", head}})["layout_info"].contains(b.instance()));
 
   // B again, same instance and ports: it registers, and a new move to it carries every byte.
   b.start();
@@ -283,7 +284,7 @@ TEST_P(FaultMove, ADeadDestinationLosesNoUnconfirmedChunkAndComesBackOnTheSamePo
   ASSERT_EQ(r.value("num_tokens", -1), 16 * 256) << r.dump() << b.log();
   for (ChunkHash h : fresh_hashes) {
     ASSERT_EQ(a.engine().get(h, out).value(), kChunkBytes);
-    ASSERT_EQ(out, chunk_bytes(h)) << "chunk " << h << " after a round trip through the restarted B";
+    ASSERT_TRUE(out == chunk_bytes(h)) << "chunk " << h << " after a round trip through the restarted B";
   }
   ASSERT_TRUE(eventually([&] {
     return post_json(http, "/lookup", Json{{"tokens", fresh}})["layout_info"].contains(b.instance());

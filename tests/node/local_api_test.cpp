@@ -77,7 +77,12 @@ void round_trip(LocalClient& c) {
   ASSERT_TRUE(h) << h.error().message;
   ASSERT_EQ(h->size(), 40u);
   const std::vector<std::byte> data = bytes_of(*h);
-  Result<std::size_t> put = c.put(ChunkKeys::of_tokens(t), data);
+  // The node refuses writes while its start-up full sync runs (milliseconds with no delay).
+  Result<std::size_t> put{make_error("not tried")};
+  ASSERT_TRUE(eventually([&] {
+    put = c.put(ChunkKeys::of_tokens(t), data);
+    return put || put.error().message.find("frozen") == std::string::npos;
+  }));
   ASSERT_TRUE(put) << put.error().message;
   EXPECT_EQ(*put, 40u);
   // Again: nothing changes, every chunk counts as stored.
@@ -167,13 +172,16 @@ TEST_F(LocalApiTest, ChunksPutAreIndexedAndRetrievedByAPeer) {
   const std::vector<std::byte> data = bytes_of(h);
   // A node refuses writes during its start-up full sync; the sync is quick with no delay.
   ASSERT_TRUE(eventually([&] { return or0(ca->put(ChunkKeys::of_tokens(t), data)) == 20; }));
+  // A's admits reach the controller in batches: a retrieve may find a shorter prefix first.
   Result<RetrieveReply> r{make_error("not tried")};
+  std::size_t pulled = 0;
   ASSERT_TRUE(eventually([&] {
     r = cb->retrieve(ChunkKeys::of_tokens(t));
+    if (r) pulled += r->pulled;
     return r && r->chunks == 20;
   })) << (r ? "held " + std::to_string(r->chunks) : r.error().message);
   EXPECT_EQ(r->tokens, t.size());
-  EXPECT_EQ(r->pulled, 20u);
+  EXPECT_EQ(pulled, 20u);
   EXPECT_EQ(r->peer, a->peer_init_url());
   std::vector<std::byte> out(data.size());
   ASSERT_EQ(or0(cb->get(ChunkKeys::of_tokens(t), out)), 20u);
