@@ -193,21 +193,21 @@ cmd_demo() {
 
   step "kvctl put: 4096 tokens = 16 chunks of 32 MiB into demo-a (its local socket, shared memory)"
   "$bin/kvctl" put --node "$work/a.sock" --token-range "$tokens" --seed "$seed"
+  # Shows the lookup once the controller names $1 (events reach it in batches), 30 s at most.
+  lookup_until() {
+    for _ in $(seq 150); do
+      "$bin/kvctl" lookup --controller "127.0.0.1:$http" --token-range "$tokens" --json | grep -q "$1" && break
+      sleep 0.2
+    done
+    "$bin/kvctl" lookup --controller "127.0.0.1:$http" --token-range "$tokens"
+  }
   step "kvctl lookup: who holds these tokens (once demo-a's first full sync is in)"
-  for i in $(seq 150); do
-    "$bin/kvctl" lookup --controller "127.0.0.1:$http" --token-range "$tokens" --json | grep -q demo-a && break
-    sleep 0.2
-  done
-  "$bin/kvctl" lookup --controller "127.0.0.1:$http" --token-range "$tokens"
+  lookup_until demo-a
   step "kvctl move: demo-a -> demo-b over the transfer plane (copy=false: A drops what B confirmed)"
   "$bin/kvctl" move --controller "127.0.0.1:$http" --from demo-a --to demo-b --token-range "$tokens" \
     --chunk-bytes "$chunk_bytes"
   step "kvctl lookup"
-  for i in $(seq 50); do
-    "$bin/kvctl" lookup --controller "127.0.0.1:$http" --token-range "$tokens" --json | grep -q demo-b && break
-    sleep 0.1
-  done
-  "$bin/kvctl" lookup --controller "127.0.0.1:$http" --token-range "$tokens"
+  lookup_until demo-b
   step "kvctl verify: every byte at demo-b"
   "$bin/kvctl" verify --node "$work/b.sock" --token-range "$tokens" --seed "$seed"
   step "stopping (SIGTERM: nodes de-register, the controller exits)"
