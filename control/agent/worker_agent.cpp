@@ -11,6 +11,7 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <vector>
 #include <zmq.hpp>
 
 #include "kvnode/wire/codec.hpp"
@@ -20,6 +21,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr auto kSlice = std::chrono::milliseconds(50);  // how often blocked threads check for stop
+// Control requests are small (a move's token list is the largest); more is hostile.
+constexpr std::int64_t kMaxRequestBytes = 64LL << 20;
+constexpr std::size_t kMaxRequestFrames = 64;
 
 std::string endpoint(const std::string& url) {
   return url.starts_with("tcp://") ? url : "tcp://" + url;
@@ -110,8 +114,11 @@ class WorkerAgent::Impl {
 
 Status WorkerAgent::Impl::bind_rep() {
   try {
-    rep_.emplace(context_, zmq::socket_type::rep);
+    // A ROUTER, not a REP: libzmq's REP loses a later client's reply after a message without the
+    // REQ envelope. The ROUTER answers every request with the envelope it came with.
+    rep_.emplace(context_, zmq::socket_type::router);
     rep_->set(zmq::sockopt::linger, 0);
+    rep_->set(zmq::sockopt::maxmsgsize, kMaxRequestBytes);
     rep_->bind(options_.worker_port ? "tcp://*:" + std::to_string(options_.worker_port)
                                     : std::string("tcp://*:*"));
     const std::string bound = rep_->get(zmq::sockopt::last_endpoint);
@@ -403,25 +410,36 @@ wire::Msg WorkerAgent::Impl::answer(const zmq::message_t& payload) {
   }
 }
 
+// A request arrives as [identity, envelope..., "", payload] from a REQ, or [identity, payload]
+// from a DEALER that skips the delimiter. The reply goes back with everything up to and including
+// the first empty frame (just the identity when there is none), so REQ and DEALER peers both get
+// their answer; the payload is the last frame, as LMCache reads it.
 void WorkerAgent::Impl::serve_rep() {
   zmq::pollitem_t item{rep_->handle(), 0, ZMQ_POLLIN, 0};
   while (!stopping_) {
     try {
       if (zmq::poll(&item, 1, kSlice) == 0) continue;
-      zmq::message_t frame, last;
-      do {  // a REP request is one frame; take the last if a peer sent more
-        if (!rep_->recv(frame, zmq::recv_flags::none)) break;
-        last.copy(frame);
-      } while (frame.more());
-      const wire::Msg reply = answer(last);
+      std::vector<zmq::message_t> head;  // every frame before the payload (bounded)
+      zmq::message_t frame;
+      while (rep_->recv(frame, zmq::recv_flags::none) && frame.more())
+        if (head.size() < kMaxRequestFrames) head.push_back(std::move(frame));
+      if (head.empty()) continue;  // a ROUTER always prepends the identity
+      std::size_t envelope = 1;
+      for (std::size_t i = 1; i < head.size(); ++i)
+        if (head[i].size() == 0) {
+          envelope = i + 1;
+          break;
+        }
+      const wire::Msg reply = answer(frame);
       const bool failed = std::holds_alternative<wire::ErrorMsg>(reply);
       count([&](AgentCounters& c) {
         ++c.control_requests;
         if (failed) ++c.control_errors;
       });
+      for (std::size_t i = 0; i < envelope; ++i) rep_->send(head[i], zmq::send_flags::sndmore);
       rep_->send(zmq::buffer(wire::encode(reply)), zmq::send_flags::none);
     } catch (const zmq::error_t& e) {
-      spdlog::warn("worker agent: REP socket: {}", e.what());
+      spdlog::warn("worker agent: control socket: {}", e.what());
     }
   }
 }

@@ -130,7 +130,7 @@ struct HttpApi::Impl {
     res.set_content(reply.body, reply.content_type.c_str());
   }
 
-  void post(const std::string& path, std::function<Reply(const Json&)> handler) {
+  void post(const std::string& path, std::function<Reply(const http::Body&)> handler) {
     server.Post(path, [handler](const httplib::Request& req, httplib::Response& res) {
       auto body = http::parse_object(req.body);
       send(res, body ? handler(*body) : fail(400, body.error().message));
@@ -154,19 +154,19 @@ struct HttpApi::Impl {
 
 // Each handler reads its fields in LMCache's order; the first bad one is the 400's detail.
 void HttpApi::Impl::routes() {
-  post("/lookup", [this](const Json& b) {
+  post("/lookup", [this](const http::Body& b) {
     auto tokens = http::get_int_list(b, "tokens");
     if (!tokens) return fail(400, tokens.error().message);
     return call(wire::LookupMsg{event_id("Lookup"), std::move(*tokens)});
   });
-  post("/clear", [this](const Json& b) {
+  post("/clear", [this](const http::Body& b) {
     auto instance = http::get_string(b, "instance_id");
     if (!instance) return fail(400, instance.error().message);
     auto location = http::get_string(b, "location");
     if (!location) return fail(400, location.error().message);
     return call(wire::ClearMsg{event_id("Clear"), std::move(*instance), std::move(*location)});
   });
-  post("/pin", [this](const Json& b) {
+  post("/pin", [this](const http::Body& b) {
     auto instance = http::get_string(b, "instance_id");
     if (!instance) return fail(400, instance.error().message);
     auto location = http::get_string(b, "location");
@@ -176,7 +176,7 @@ void HttpApi::Impl::routes() {
     return call(wire::PinMsg{event_id("Pin"), std::move(*instance), std::move(*location),
                              std::move(*tokens)});
   });
-  const auto codec = [this]<class M>(std::string_view prefix, const Json& b) {
+  const auto codec = [this]<class M>(std::string_view prefix, const http::Body& b) {
     auto instance = http::get_string(b, "instance_id");
     if (!instance) return fail(400, instance.error().message);
     auto method = http::get_string(b, "method");
@@ -188,13 +188,13 @@ void HttpApi::Impl::routes() {
     return call(M{event_id(prefix), std::move(*instance), std::move(*method), std::move(*location),
                   std::move(*tokens)});
   };
-  post("/compress", [codec](const Json& b) {
+  post("/compress", [codec](const http::Body& b) {
     return codec.template operator()<wire::CompressMsg>("Compress", b);
   });
-  post("/decompress", [codec](const Json& b) {
+  post("/decompress", [codec](const http::Body& b) {
     return codec.template operator()<wire::DecompressMsg>("Decompress", b);
   });
-  post("/move", [this](const Json& b) {
+  post("/move", [this](const http::Body& b) {
     auto old_position = http::get_position(b, "old_position");
     if (!old_position) return fail(400, old_position.error().message);
     auto new_position = http::get_position(b, "new_position");
@@ -206,12 +206,12 @@ void HttpApi::Impl::routes() {
     return call(wire::MoveMsg{event_id("Move"), std::move(*old_position), std::move(*new_position),
                               std::move(*tokens), *copy});
   });
-  post("/health", [this](const Json& b) {
+  post("/health", [this](const http::Body& b) {
     auto instance = http::get_string(b, "instance_id");
     if (!instance) return fail(400, instance.error().message);
     return call(wire::HealthMsg{event_id("health"), std::move(*instance)});
   });
-  post("/check_finish", [this](const Json& b) {
+  post("/check_finish", [this](const http::Body& b) {
     auto id = http::get_string(b, "event_id");
     if (!id) return fail(400, id.error().message);
     OrchReply r = orch.handle(wire::CheckFinishMsg{*id});
@@ -223,7 +223,7 @@ void HttpApi::Impl::routes() {
     if (r.event->state == EventRecord::State::kFailed) j["detail"] = r.event->reason;
     return ok(j);
   });
-  post("/query_instance", [this](const Json& b) {
+  post("/query_instance", [this](const http::Body& b) {
     // The body's event_id is ignored, as upstream does; the reply carries a fresh one.
     auto ip = http::get_string(b, "ip");
     if (!ip) return fail(400, ip.error().message);
@@ -237,7 +237,7 @@ void HttpApi::Impl::routes() {
     j["res"] = *ret->instance_id;
     return ok(j);
   });
-  post("/query_worker_info", [this](const Json& b) {
+  post("/query_worker_info", [this](const http::Body& b) {
     auto instance = http::get_string(b, "instance_id");
     if (!instance) return fail(400, instance.error().message);
     auto ids = http::get_nullable_int_list(b, "worker_ids");

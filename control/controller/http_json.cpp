@@ -10,44 +10,14 @@ Error field_error(std::string_view name, std::string_view what) {
   return Error{std::string(name) + ": " + std::string(what)};
 }
 
-// Nesting depth of a JSON text, strings skipped. nlohmann's parser is iterative, but each nested
-// level costs an allocation, so a 64 MiB "[[[[..." would cost gigabytes; refuse it up front.
-int max_depth(std::string_view text) {
-  int depth = 0, deepest = 0;
-  bool in_string = false, escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;  // the character after a backslash never ends the string
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    switch (c) {
-      case '"':
-        in_string = true;
-        break;
-      case '[':
-      case '{':
-        deepest = std::max(deepest, ++depth);
-        break;
-      case ']':
-      case '}':
-        --depth;
-        break;
-      default:
-        break;
-    }
-  }
-  return deepest;
+const Json* find(const Body& body, std::string_view name) {
+  auto it = body.fields.find(std::string(name));
+  return it == body.fields.end() ? nullptr : &*it;
 }
 
-const Json* find(const Json& body, std::string_view name) {
-  auto it = body.find(std::string(name));
-  return it == body.end() ? nullptr : &*it;
+const std::vector<std::int64_t>* find_list(const Body& body, std::string_view name) {
+  auto it = body.int_lists.find(name);
+  return it == body.int_lists.end() ? nullptr : &it->second;
 }
 
 Result<std::vector<std::int64_t>> to_int_list(const Json& value, std::string_view name) {
@@ -70,28 +40,17 @@ Result<std::vector<std::int64_t>> to_int_list(const Json& value, std::string_vie
 
 }  // namespace
 
-Result<Json> parse_object(std::string_view body) {
-  if (max_depth(body) > kMaxBodyDepth)
-    return Error{"request body: JSON nested deeper than " + std::to_string(kMaxBodyDepth)};
-  Json parsed;
-  try {
-    parsed = Json::parse(body);
-  } catch (const Json::parse_error& e) {
-    return Error{std::string("request body: invalid JSON: ") + e.what()};
-  }
-  if (!parsed.is_object()) return Error{"request body: expected a JSON object"};
-  return parsed;
-}
-
-Result<std::string> get_string(const Json& body, std::string_view name) {
+Result<std::string> get_string(const Body& body, std::string_view name) {
   const Json* v = find(body, name);
+  if (find_list(body, name)) return field_error(name, "expected a string");
   if (!v) return field_error(name, "field required");
   if (!v->is_string()) return field_error(name, "expected a string");
   return v->get<std::string>();
 }
 
-Result<std::vector<std::int64_t>> get_int_list(const Json& body, std::string_view name,
+Result<std::vector<std::int64_t>> get_int_list(const Body& body, std::string_view name,
                                                std::optional<std::vector<std::int64_t>> fallback) {
+  if (const auto* list = find_list(body, name)) return *list;
   const Json* v = find(body, name);
   if (!v) {
     if (fallback) return std::move(*fallback);
@@ -100,8 +59,9 @@ Result<std::vector<std::int64_t>> get_int_list(const Json& body, std::string_vie
   return to_int_list(*v, name);
 }
 
-Result<std::optional<std::vector<std::int64_t>>> get_nullable_int_list(const Json& body,
+Result<std::optional<std::vector<std::int64_t>>> get_nullable_int_list(const Body& body,
                                                                        std::string_view name) {
+  if (const auto* list = find_list(body, name)) return std::optional<std::vector<std::int64_t>>(*list);
   const Json* v = find(body, name);
   if (!v || v->is_null()) return std::optional<std::vector<std::int64_t>>();
   auto list = to_int_list(*v, name);
@@ -109,15 +69,18 @@ Result<std::optional<std::vector<std::int64_t>>> get_nullable_int_list(const Jso
   return std::optional<std::vector<std::int64_t>>(std::move(*list));
 }
 
-Result<bool> get_bool(const Json& body, std::string_view name, bool fallback) {
+Result<bool> get_bool(const Body& body, std::string_view name, bool fallback) {
   const Json* v = find(body, name);
+  if (find_list(body, name)) return field_error(name, "expected a boolean");
   if (!v) return fallback;
   if (!v->is_boolean()) return field_error(name, "expected a boolean");
   return v->get<bool>();
 }
 
-Result<wire::Position> get_position(const Json& body, std::string_view name) {
+Result<wire::Position> get_position(const Body& body, std::string_view name) {
   const Json* v = find(body, name);
+  if (find_list(body, name))
+    return field_error(name, "expected [instance_id, location] (two strings)");
   if (!v) return field_error(name, "field required");
   if (!v->is_array() || v->size() != 2 || !(*v)[0].is_string() || !(*v)[1].is_string())
     return field_error(name, "expected [instance_id, location] (two strings)");

@@ -47,12 +47,16 @@ RequestHandler::RequestHandler(Guarded<Registry>& registry, FanOut& fanout, Metr
       orchestrator_sink_(std::move(orchestrator_sink)) {}
 
 void RequestHandler::warn_bad_frame(std::string_view socket, std::string_view what) {
+  warn_limited(fmt::format("{} socket: skipped a bad frame: {}", socket, what));
+}
+
+void RequestHandler::warn_limited(std::string_view text) {
   const double now = clock_();
   if (now - last_warning_ < 1.0) {
     ++suppressed_warnings_;
     return;
   }
-  spdlog::warn("{} socket: skipped a bad frame: {}{}", socket, what,
+  spdlog::warn("{}{}", text,
                suppressed_warnings_ ? fmt::format(" ({} more since the last warning)",
                                                   suppressed_warnings_)
                                     : std::string());
@@ -155,7 +159,8 @@ void RequestHandler::on_pull_msg(wire::Msg msg) {
     metrics_.kv_ops_discarded.fetch_add(discarded, std::memory_order_relaxed);
     const auto who = [&] { return m.instance_id + "/" + std::to_string(m.worker_id); };
     if (r.outcome == ApplyOutcome::kUnknownWorker)
-      warn_bad_frame("pull", "KV ops from unregistered worker " + who());
+      warn_limited("pull socket: discarded KV ops from unregistered worker " + who() +
+                   " (its next heartbeat re-registers it and a full sync restores its keys)");
     if (r.discontinuity)
       spdlog::debug("seq gap from {}: expected {}, got {}", who(), r.expected_seq, r.actual_seq);
   };

@@ -48,6 +48,7 @@ class RequestHandler {
   template <class Count>
   void apply_in_slices(const wire::BatchedKVOperationMsg& m, Count&& count);
   void warn_bad_frame(std::string_view socket, std::string_view what);
+  void warn_limited(std::string_view text);  // at most one warning a second, counting the rest
 
   Guarded<Registry>& registry_;
   FanOut& fanout_;
@@ -56,7 +57,7 @@ class RequestHandler {
   Clock clock_;
   OrchestratorSink orchestrator_sink_;
   std::string reply_buf_;
-  double last_warning_ = 0;  // bad-frame warnings are rate limited to one a second
+  double last_warning_ = 0;  // warnings about pulled frames are rate limited to one a second
   std::uint64_t suppressed_warnings_ = 0;
 };
 

@@ -104,6 +104,19 @@ struct LocalClient::Impl {
     q.hold = hold;
     return q;
   }
+
+  // Put and get go by chunk hash: tokens are hashed by the daemon first, so rounds split cleanly.
+  Result<std::vector<std::int64_t>> hashes_of(const ChunkKeys& keys) {
+    if (!keys.tokens) return keys.values;
+    Result<local::Reply> r = call(request("hashes", keys));
+    if (!r) return r.error();
+    return std::move(r->hashes);
+  }
+
+  // Chunks per request: the staging slots, or what fits a quarter of an inline message.
+  std::size_t round_chunks() const {
+    return pool ? slots : std::max<std::size_t>(1, local::kMaxInlineBytes / 4 / info.chunk_bytes);
+  }
 };
 
 Result<std::unique_ptr<LocalClient>> LocalClient::connect(const std::string& socket_path,
@@ -141,18 +154,14 @@ bool LocalClient::shared_memory() const { return impl_->pool.has_value(); }
 Result<std::size_t> LocalClient::put(const ChunkKeys& keys, std::span<const std::byte> data) {
   Impl& m = *impl_;
   const std::size_t chunk = m.info.chunk_bytes;
-  ChunkKeys hashed = keys;
-  if (keys.tokens) {  // split into rounds by hash
-    Result<std::vector<std::int64_t>> h = hashes(keys.values);
-    if (!h) return h.error();
-    hashed = ChunkKeys::of_hashes(std::move(h).value());
-  }
-  const std::vector<std::int64_t>& all = hashed.values;
+  Result<std::vector<std::int64_t>> hashed = m.hashes_of(keys);
+  if (!hashed) return hashed.error();
+  const std::vector<std::int64_t>& all = *hashed;
   if (data.size() != all.size() * chunk)
     return make_error(std::to_string(all.size()) + " chunks need " + std::to_string(all.size() * chunk) +
                       " bytes, got " + std::to_string(data.size()));
   std::size_t stored = 0;
-  const std::size_t round = m.pool ? m.slots : std::max<std::size_t>(1, local::kMaxInlineBytes / 4 / chunk);
+  const std::size_t round = m.round_chunks();
   for (std::size_t first = 0; first < all.size(); first += round) {
     const std::size_t n = std::min(round, all.size() - first);
     local::Request q;
@@ -196,16 +205,12 @@ Result<std::size_t> LocalClient::put(const ChunkKeys& keys, std::span<const std:
 Result<std::size_t> LocalClient::get(const ChunkKeys& keys, std::span<std::byte> out) {
   Impl& m = *impl_;
   const std::size_t chunk = m.info.chunk_bytes;
-  ChunkKeys hashed = keys;
-  if (keys.tokens) {
-    Result<std::vector<std::int64_t>> h = hashes(keys.values);
-    if (!h) return h.error();
-    hashed = ChunkKeys::of_hashes(std::move(h).value());
-  }
-  const std::vector<std::int64_t>& all = hashed.values;
+  Result<std::vector<std::int64_t>> hashed = m.hashes_of(keys);
+  if (!hashed) return hashed.error();
+  const std::vector<std::int64_t>& all = *hashed;
   const std::size_t fits = std::min(all.size(), out.size() / chunk);
   std::size_t read = 0;
-  const std::size_t round = m.pool ? m.slots : std::max<std::size_t>(1, local::kMaxInlineBytes / 4 / chunk);
+  const std::size_t round = m.round_chunks();
   while (read < fits) {
     const std::size_t n = std::min(round, fits - read);
     local::Request q;
@@ -252,9 +257,7 @@ Result<std::vector<bool>> LocalClient::contains(const ChunkKeys& keys) {
 }
 
 Result<std::vector<std::int64_t>> LocalClient::hashes(const std::vector<std::int64_t>& tokens) {
-  Result<local::Reply> r = impl_->call(impl_->request("hashes", ChunkKeys::of_tokens(tokens)));
-  if (!r) return r.error();
-  return std::move(r->hashes);
+  return impl_->hashes_of(ChunkKeys::of_tokens(tokens));
 }
 
 Result<std::size_t> LocalClient::lookup(const std::vector<std::int64_t>& tokens) {

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstring>
@@ -36,6 +37,7 @@ struct LocalService::Impl {
   std::optional<gpu::MemoryRegion> staging;
   std::vector<std::size_t> free_slots;
   std::uint64_t next_hold = 1;
+  ino_t socket_inode = 0;  // of the socket file this service bound
   std::atomic<bool> stop{false};
   std::atomic<std::uint64_t> requests{0}, errors{0};
   std::thread thread;
@@ -47,6 +49,11 @@ struct LocalService::Impl {
     stop = true;
     if (thread.joinable()) thread.join();
     holds.clear();
+    socket.close();
+    // libzmq leaves the socket file behind; remove it unless a newer daemon bound the path since.
+    struct stat now {};
+    if (socket_inode != 0 && ::stat(options.path.c_str(), &now) == 0 && now.st_ino == socket_inode)
+      ::unlink(options.path.c_str());
   }
 
   std::size_t chunk_bytes() { return engine.store().pool().page_bytes(); }
@@ -334,6 +341,7 @@ Result<std::unique_ptr<LocalService>> LocalService::start(const LocalServiceOpti
   }
   // Owner only, like the staging region: chunks are the engine's data.
   chmod(options.path.c_str(), 0600);
+  if (struct stat st {}; ::stat(options.path.c_str(), &st) == 0) impl->socket_inode = st.st_ino;
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] { raw->run(); });
   return std::unique_ptr<LocalService>(new LocalService(std::move(impl)));

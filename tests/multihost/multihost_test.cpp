@@ -30,6 +30,7 @@
 #include <map>
 #include <numeric>
 
+#include "kvnode/node/chunk_pattern.hpp"
 #include "kvnode/node/local_client.hpp"
 #include "netns_rig.hpp"
 
@@ -217,7 +218,7 @@ class MultiHost : public ::testing::Test {
     for (std::size_t k = 0; k < chunk_hashes.size(); ++k) {
       if (!present[k]) continue;
       auto n = c->get(ChunkKeys::of_hashes({chunk_hashes[k]}), got);
-      fill_chunk(want, kSeed, chunk_hashes[k]);
+      node::fill_chunk_pattern(want, kSeed, chunk_hashes[k]);
       if (!n || *n != 1 || got != want) bad.push_back(k);
     }
     return bad;

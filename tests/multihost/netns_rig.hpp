@@ -18,7 +18,6 @@
 #include <functional>
 #include <memory>
 #include <optional>
-#include <span>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -59,19 +58,6 @@ inline std::string ip(const std::vector<std::string>& args) {
   std::string cmd = "ip";
   for (const auto& a : args) cmd += " " + a;
   return "`" + cmd + "` failed (exit " + std::to_string(r.exit_code) + "): " + r.err + r.out;
-}
-
-// The bytes `kvctl put --seed S` writes for a chunk (tools/kvctl/node_commands.cpp: splitmix64
-// from the seed and the chunk's hash), so any copy of a chunk can be checked here.
-inline void fill_chunk(std::span<std::byte> out, std::uint64_t seed, std::int64_t hash) {
-  std::uint64_t state = seed * 0x9E3779B97F4A7C15ull ^ static_cast<std::uint64_t>(hash);
-  for (std::size_t i = 0; i < out.size(); i += 8) {
-    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    std::memcpy(out.data() + i, &z, std::min<std::size_t>(8, out.size() - i));
-  }
 }
 
 // Names this run's resources start with; a run's pid follows the stem.

@@ -537,14 +537,11 @@ TEST(FaultTest, BadRequestsOnANodesRepPortAreAnsweredAndTheNodeKeepsServing) {
   std::cout << "[ fault    ] " << asked << " requests, " << errors << " answered with ErrorMsg\n";
 }
 
-// Disabled: fails today. A peer that sends a message without the REQ envelope (a DEALER that
-// skips the empty delimiter frame) makes libzmq 4.3.4's REP socket lose the reply to a later
-// valid request, in about a third of the rounds here, whoever sent it: a REQ client times out,
-// and the controller's call (over its DEALER) is answered only by its fan-out deadline (health
-// -1004 after 30 s). A plain libzmq REP server shows the same, so the remedy is in the worker
-// agent (control/agent/worker_agent.cpp: serve the port with a ROUTER and drop messages without
-// the delimiter, as the controller's ROUTERs do). Enable this test with that fix.
-TEST(FaultTest, DISABLED_AMessageWithoutTheReqEnvelopeCostsNoOtherClientItsReply) {
+// A peer that sends a message without the REQ envelope (a DEALER that skips the empty delimiter
+// frame) once made libzmq 4.3.4's REP socket lose the reply to a later valid request, whoever sent
+// it. The worker agent now serves the port with a ROUTER: every client gets its reply, and the
+// delimiter-less DEALER gets one too (a single frame).
+TEST(FaultTest, AMessageWithoutTheReqEnvelopeCostsNoOtherClientItsReply) {
   auto ctl = start_controller();
   KvnodeProcess node(unique_instance("fault-env"), ctl->ports(), "tcp", 0.01);
   node.start();
@@ -558,7 +555,12 @@ TEST(FaultTest, DISABLED_AMessageWithoutTheReqEnvelopeCostsNoOtherClientItsReply
       zmq::socket_t raw(client.context(), zmq::socket_type::dealer);
       raw.set(zmq::sockopt::linger, 2000);
       raw.connect("tcp://127.0.0.1:" + std::to_string(node.worker_port()));
+      raw.set(zmq::sockopt::rcvtimeo, 3000);
       raw.send(zmq::buffer(health), zmq::send_flags::none);  // no empty frame first
+      zmq::message_t answer;
+      const bool got = raw.recv(answer, zmq::recv_flags::none).has_value() && !answer.more();
+      const auto decoded = got ? wire::decode(answer.to_string_view()) : make_error("no reply");
+      if (!decoded || !std::holds_alternative<wire::HealthWorkerRetMsg>(*decoded)) ++lost;
     }
     for (int i = 0; i < 3; ++i)
       if (!client.ask({health})) ++lost;

@@ -1,6 +1,7 @@
 // Test support: a long-running child process (a server under test) with its output in a file.
-// The destructor kills and reaps a child that is still running, so a failed assertion or an
-// exception never leaves a stray process behind.
+// The destructor stops and reaps a child that is still running (SIGTERM, so a daemon removes its
+// socket files and shared memory; SIGKILL after 5 s), so a failed assertion or an exception never
+// leaves a stray process behind.
 #pragma once
 
 #include <fcntl.h>
@@ -47,10 +48,10 @@ class ChildProcess {
   ChildProcess& operator=(const ChildProcess&) = delete;
 
   ~ChildProcess() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      int status = 0;
-      waitpid(pid_, &status, 0);
+    if (running()) {
+      kill(pid_, SIGTERM);
+      kill(pid_, SIGCONT);  // a stopped child must run to exit
+      (void)stop(SIGTERM, std::chrono::seconds(5));
     }
     if (!log_path_.empty()) unlink(log_path_.c_str());
     if (!dir_.empty()) rmdir(dir_.c_str());

@@ -1,8 +1,6 @@
 #include "transfer_bench.hpp"
 
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +12,7 @@
 #include "kvnode/gpu/chunk_pool.hpp"
 #include "kvnode/transfer/plane.hpp"
 #include "baselines.hpp"
+#include "processes.hpp"
 
 extern char** environ;
 
@@ -22,60 +21,49 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// `kvbench serve` in a child process, with the group's UCX_TLS; killed and reaped when done.
+// `kvbench serve` in a child process, with the group's UCX_TLS; stopped and reaped when done.
 class ServedPeer {
  public:
-  ServedPeer(const GroupSpec& g, std::size_t pages) {
-    file_ = "/tmp/kvbench-peer-" + std::to_string(getpid()) + "-" + std::to_string(counter_++);
-    std::remove(file_.c_str());
+  ServedPeer(const GroupSpec& g, std::size_t pages)
+      : file_(fresh_file()), env_(env_of(g)), child_(argv(g, pages, file_), &env_) {
+    for (auto until = Clock::now() + std::chrono::seconds(30); child_.started() && Clock::now() < until;
+         std::this_thread::sleep_for(std::chrono::milliseconds(10))) {
+      std::ifstream in(file_);
+      if (in >> url_) break;
+      if (!child_.alive()) break;
+    }
+  }
+  ~ServedPeer() { std::remove(file_.c_str()); }
+  const std::string& url() const { return url_; }
+
+ private:
+  static std::vector<std::string> argv(const GroupSpec& g, std::size_t pages, const std::string& file) {
+    std::vector<std::string> a = {g.self, "serve", "--port-file", file, "--chunk-bytes",
+                                  std::to_string(g.chunk_bytes), "--pages", std::to_string(pages)};
+    if (g.stage) a.push_back("--stage");
+    return a;
+  }
+  static std::string fresh_file() {
+    std::string f = "/tmp/kvbench-peer-" + std::to_string(getpid()) + "-" + std::to_string(counter_++);
+    std::remove(f.c_str());
+    return f;
+  }
+  static std::vector<std::string> env_of(const GroupSpec& g) {
     std::vector<std::string> env;
     for (char** e = environ; *e; ++e)
       if (std::strncmp(*e, "UCX_TLS=", 8) != 0 && std::strncmp(*e, "UCX_NET_DEVICES=", 16) != 0)
         env.emplace_back(*e);
     if (!g.tls.empty()) env.push_back("UCX_TLS=" + g.tls);
     if (tcp_only(g.tls)) env.push_back("UCX_NET_DEVICES=lo");
-    const std::vector<std::string> args = {g.self, "serve", "--port-file", file_, "--chunk-bytes",
-                                           std::to_string(g.chunk_bytes), "--pages",
-                                           std::to_string(pages)};
-    std::vector<std::string> all = args;
-    if (g.stage) all.push_back("--stage");
-    std::vector<char*> argv, envp;
-    for (const auto& a : all) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    for (auto& e : env) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    if (posix_spawn(&pid_, g.self.c_str(), nullptr, nullptr, argv.data(), envp.data()) != 0) pid_ = -1;
-    for (auto until = Clock::now() + std::chrono::seconds(30); pid_ > 0 && Clock::now() < until;
-         std::this_thread::sleep_for(std::chrono::milliseconds(10))) {
-      std::ifstream in(file_);
-      if (in >> url_) break;
-      if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
-        pid_ = -1;
-        break;
-      }
-    }
+    return env;
   }
-  ~ServedPeer() {
-    if (pid_ > 0) {
-      kill(pid_, SIGTERM);
-      waitpid(pid_, nullptr, 0);
-    }
-    std::remove(file_.c_str());
-  }
-  const std::string& url() const { return url_; }
 
- private:
   static inline int counter_ = 0;
   std::string file_;
+  std::vector<std::string> env_;
+  Child child_;
   std::string url_;
-  pid_t pid_ = -1;
 };
-
-double percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<std::size_t>(q * static_cast<double>(v.size() - 1) + 0.5))];
-}
 
 PointResult run_point(transfer::TransferPlane& plane, const std::string& peer, const PointSpec& spec,
                       const GroupSpec& g) {

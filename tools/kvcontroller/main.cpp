@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kvnode/common/allocator.hpp"
 #include "kvnode/controller/config.hpp"
 #include "kvnode/controller/controller.hpp"
 
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
   }
   const ControllerConfig& config = *loaded->config;
   spdlog::set_level(spdlog::level::from_str(config.log_level));
+  kvnode::keep_freed_memory();
 
   const sigset_t signals = block_stop_signals();
   auto controller = Controller::start(config);

@@ -17,6 +17,7 @@
 
 #include "cli_support.hpp"
 #include "commands.hpp"
+#include "kvnode/node/chunk_pattern.hpp"
 #include "kvnode/node/local_client.hpp"
 
 namespace kvctl {
@@ -38,18 +39,6 @@ struct NodeArgs {
   bool retrieve = false;
   double wait_s = 30;  // put: how long to wait out a node's full sync
 };
-
-// The bytes put writes for a chunk: splitmix64 from (seed, hash).
-void fill_chunk(std::span<std::byte> out, std::uint64_t seed, std::int64_t hash) {
-  std::uint64_t state = seed * 0x9E3779B97F4A7C15ull ^ static_cast<std::uint64_t>(hash);
-  for (std::size_t i = 0; i < out.size(); i += 8) {
-    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    std::memcpy(out.data() + i, &z, std::min<std::size_t>(8, out.size() - i));
-  }
-}
 
 std::unique_ptr<LocalClient> connect(const NodeArgs& a) {
   if (a.socket.empty()) fail(2, "--node: the node's local socket path is required");
@@ -124,7 +113,7 @@ void put(const NodeArgs& a) {
       if (file.is_open()) {
         if (!file.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(chunk))) fail(1, "--file: read failed");
       } else {
-        fill_chunk(out, a.seed, hashes[first + i]);
+        kvnode::node::fill_chunk_pattern(out, a.seed, hashes[first + i]);
       }
     }
     const std::vector<std::int64_t> batch(hashes.begin() + static_cast<std::ptrdiff_t>(first),
@@ -210,7 +199,7 @@ void verify(const NodeArgs& a) {
       if (!file.read(reinterpret_cast<char*>(expected.data()), static_cast<std::streamsize>(chunk)))
         std::fill(expected.begin(), expected.end(), std::byte{0});
     } else {
-      fill_chunk(expected, a.seed, hashes[i]);
+      kvnode::node::fill_chunk_pattern(expected, a.seed, hashes[i]);
     }
     if (std::memcmp(expected.data(), bytes.data(), chunk) == 0) return;
     std::size_t at = 0;

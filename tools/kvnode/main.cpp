@@ -5,6 +5,7 @@
 
 #include <cstdio>
 
+#include "kvnode/common/allocator.hpp"
 #include "kvnode/node/daemon.hpp"
 #include "kvnode/transfer/plane.hpp"
 
@@ -20,6 +21,7 @@ int main(int argc, char** argv) {
     return parsed->exit_code;
   }
   spdlog::set_level(spdlog::level::from_str(parsed->config->log_level));
+  kvnode::keep_freed_memory();
   kvnode::transfer::prefer_port_reuse();  // before any thread: a restart gets its port back
   sigset_t set;
   sigemptyset(&set);

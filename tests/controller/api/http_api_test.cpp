@@ -85,6 +85,14 @@ TEST_F(HttpApiTest, MoveMapsShouldCopyAndPositions) {
   m = std::get<wire::MoveWorkerMsg>(a.received().at(1));
   EXPECT_EQ(m.copy, false);
   EXPECT_EQ(m.tokens, std::vector<std::int64_t>{});
+
+  // A repeated key: the last one counts, whichever form each took; the int64 range holds.
+  r = post_text("/move", R"({"tokens":"x","old_position":["inst-A","LocalCPUBackend"],)"
+                         R"("new_position":["inst-B","LocalCPUBackend"],"tokens":[7,"y"],)"
+                         R"("tokens":[-9223372036854775808,9223372036854775807,0]})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  m = std::get<wire::MoveWorkerMsg>(a.received().at(2));
+  EXPECT_EQ(m.tokens, (std::vector<std::int64_t>{INT64_MIN, INT64_MAX, 0}));
 }
 
 TEST_F(HttpApiTest, HealthKeysAreStrings) {
@@ -259,6 +267,21 @@ TEST_F(HttpApiTest, BadBodiesAre400NamingTheField) {
       {"/lookup", R"({"tokens":"abc"})", "tokens: expected a list of integers"},
       {"/lookup", R"({"tokens":[1,2.5]})", "tokens: expected a list of integers"},
       {"/lookup", R"({"tokens":[18446744073709551615]})", "tokens: expected a list of integers"},
+      // Token lists are read apart from the JSON tree; whatever they hold still gets its error.
+      {"/lookup", R"({"tokens":[1,2,"3"]})", "tokens: expected a list of integers"},
+      {"/lookup", R"({"tokens":[1,[2]]})", "tokens: expected a list of integers"},
+      {"/lookup", R"({"tokens":[1,{"a":2}]})", "tokens: expected a list of integers"},
+      {"/lookup", R"({"tokens":[1,2],"tokens":null})", "tokens: expected a list of integers"},
+      {"/lookup", R"({"tokens":[1,2] "x":1})", "request body: invalid JSON: "},
+      {"/lookup", R"({"tokens":[1,2]} trailing)", "request body: invalid JSON: "},
+      {"/lookup", R"([[[1]]] )", "request body: expected a JSON object"},
+      {"/clear", R"({"instance_id":[1],"location":"x"})", "instance_id: expected a string"},
+      {"/move", R"({"old_position":[1,2],"new_position":["b","c"]})",
+       "old_position: expected [instance_id, location] (two strings)"},
+      {"/move", R"({"old_position":[],"new_position":["b","c"]})",
+       "old_position: expected [instance_id, location] (two strings)"},
+      {"/move", R"({"old_position":["a","b"],"new_position":["b","c"],"should_copy":[1]})",
+       "should_copy: expected a boolean"},
       {"/clear", R"({"instance_id":"a"})", "location: field required"},
       {"/clear", R"({"instance_id":5,"location":"x"})", "instance_id: expected a string"},
       {"/pin", R"({"instance_id":"a","location":"x"})", "tokens: field required"},
