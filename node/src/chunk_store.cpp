@@ -42,6 +42,7 @@ Result<gpu::PageId> ChunkStore::take_page() {
 
 Result<gpu::PageId> ChunkStore::reserve(ChunkHash hash) {
   std::lock_guard lock(mutex_);
+  if (frozen_) return make_error(kFrozenText);
   if (const auto it = entries_.find(hash); it != entries_.end())
     return make_error(it->second.state == State::kWriting ? "chunk is already being written"
                                                           : "chunk is already present");
@@ -72,6 +73,12 @@ Status ChunkStore::commit(ChunkHash hash) {
   const auto it = entries_.find(hash);
   if (it == entries_.end() || it->second.state != State::kWriting)
     return make_error("commit of a chunk that was not reserved");
+  if (frozen_) {  // written, but the sync's snapshot is taken: it would be a key nobody reports
+    (void)pool_.release(it->second.page);
+    entries_.erase(it);
+    --counters_.reserved;
+    return make_error(kFrozenText);
+  }
   it->second.state = State::kReadable;
   it->second.lru = lru_.insert(lru_.end(), hash);
   --counters_.reserved;
@@ -168,18 +175,29 @@ void ChunkStore::drop(ChunkHash hash, Entry& e) {
 bool ChunkStore::remove(ChunkHash hash) {
   std::lock_guard lock(mutex_);
   const auto it = entries_.find(hash);
-  if (it == entries_.end() || it->second.state != State::kReadable || it->second.pins) return false;
+  if (frozen_ || it == entries_.end() || it->second.state != State::kReadable || it->second.pins) return false;
   drop(hash, it->second);
   return true;
 }
 
 std::size_t ChunkStore::clear() {
   std::lock_guard lock(mutex_);
+  if (frozen_) return 0;
   std::vector<ChunkHash> victims;
   for (ChunkHash h : lru_)
     if (entries_.at(h).pins == 0) victims.push_back(h);
   for (ChunkHash h : victims) drop(h, entries_.at(h));
   return victims.size();
+}
+
+void ChunkStore::freeze(bool on) {
+  std::lock_guard lock(mutex_);
+  frozen_ = on;
+}
+
+bool ChunkStore::frozen() const {
+  std::lock_guard lock(mutex_);
+  return frozen_;
 }
 
 std::vector<ChunkHash> ChunkStore::snapshot() const {

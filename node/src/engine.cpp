@@ -27,7 +27,6 @@ std::size_t Engine::lookup_tokens(std::span<const std::int64_t> tokens, const st
 }
 
 Status Engine::put(ChunkHash hash, std::span<const std::byte> bytes) {
-  if (frozen_) return make_error("frozen: a full sync is running");
   gpu::ChunkPool& pool = store_.pool();
   if (pool.region().kind() == gpu::MemoryKind::kDevice)
     return make_error("put into a device pool goes through the GPU client path, not memcpy");
@@ -64,6 +63,7 @@ wire::Msg Engine::on_control(const wire::Msg& request) {
   const auto tokens_in = [&](const std::string& asked) { return asked == location; };
   if (const auto* m = std::get_if<wire::ClearWorkerMsg>(&request)) {
     if (!tokens_in(m->location)) return wire::ClearWorkerRetMsg{0};
+    if (store_.frozen()) return refuse("clear refused: a full sync is running; ask again when it ends");
     const std::size_t chunks = store_.clear();
     return wire::ClearWorkerRetMsg{static_cast<std::int64_t>(chunks * options_.hashing.chunk_size)};
   }

@@ -57,6 +57,40 @@ TEST(ChunkStore, AChunkIsReadableOnlyAfterCommit) {
   EXPECT_EQ(rec.events.size(), 1u);
 }
 
+// A full sync reports the snapshot taken after freeze(true); nothing may change it until the sync
+// ends, or the controller (which drops a syncing worker's events) would index the wrong set.
+TEST(ChunkStore, FrozenTheReadableSetStaysWhatTheSnapshotSays) {
+  gpu::ChunkPool pool = make_pool(4);
+  Recorder rec;
+  ChunkStore store(pool, "LocalCPUBackend", rec.sink());
+  ASSERT_TRUE(store.reserve(1));
+  ASSERT_TRUE(store.commit(1));
+  ASSERT_TRUE(store.reserve(2));  // a write in flight when the sync starts
+  store.freeze(true);
+  EXPECT_TRUE(store.frozen());
+  const std::vector<ChunkHash> snapshot = store.snapshot();
+  EXPECT_EQ(snapshot, std::vector<ChunkHash>{1});
+
+  const Status late = store.commit(2);
+  ASSERT_FALSE(late);
+  EXPECT_EQ(late.error().message, ChunkStore::kFrozenText);
+  EXPECT_FALSE(store.contains(2));
+  EXPECT_EQ(pool.free_pages(), 3u) << "the refused write's page went back";
+  EXPECT_FALSE(store.reserve(3));
+  EXPECT_FALSE(store.remove(1));
+  EXPECT_EQ(store.clear(), 0u);
+  EXPECT_TRUE(store.lease(1)) << "reads go on";
+  EXPECT_EQ(store.snapshot(), snapshot);
+  EXPECT_EQ(rec.events, (Events{{'A', 1}}));
+
+  store.freeze(false);
+  ASSERT_TRUE(store.reserve(2));
+  ASSERT_TRUE(store.commit(2));
+  EXPECT_TRUE(store.remove(1));
+  EXPECT_EQ(rec.events, (Events{{'A', 1}, {'A', 2}, {'E', 1}}));
+  EXPECT_EQ(store.counters().reserved, 0u);
+}
+
 TEST(ChunkStore, LeadingCountsFromTheFirstAndPinsUnderAnId) {
   gpu::ChunkPool pool = make_pool(8);
   ChunkStore store(pool, "LocalCPUBackend", nullptr);

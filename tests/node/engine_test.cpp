@@ -59,6 +59,9 @@ TEST(Engine, LookupPinClearHealthAndWhatItRefuses) {
   }
   engine.freeze(true);
   EXPECT_NE(engine.put(7, chunk_bytes(7, kSmallChunk)).error().message.find("frozen"), std::string::npos);
+  const wire::Msg refused = engine.on_control(wire::ClearWorkerMsg{"c", kCpu});
+  ASSERT_TRUE(std::holds_alternative<wire::ErrorMsg>(refused)) << "a clear would emit EVICTs the sync drops";
+  EXPECT_EQ(engine.lookup_tokens(t), 512u);
   engine.freeze(false);
   EXPECT_TRUE(engine.put(7, chunk_bytes(7, kSmallChunk)));
 }

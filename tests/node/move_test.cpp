@@ -5,6 +5,8 @@
 #include "node_rig.hpp"
 #include "support/child_process.hpp"
 
+#include <future>
+
 namespace kvnode::node {
 namespace {
 
@@ -95,6 +97,65 @@ TEST_P(Moves, ADestinationWithoutRoomTakesWhatFitsAndTheSourceKeepsTheRest) {
     EXPECT_EQ(b.store().contains(hashes[i]), i < 4) << i;
   }
   EXPECT_EQ(b.store().counters().reserved, 0u) << "no reservation left behind";
+}
+
+// A full sync reports the keys a node held when it froze, and the controller drops the node's
+// events until the sync ends; so while frozen a node neither takes nor gives up a chunk. A move
+// into a frozen node waits for the sync; a commit refused because a sync began mid-batch is
+// pushed again; a frozen source keeps what it sent (the chunks are then at both nodes).
+TEST_P(Moves, AFullSyncAtEitherEndChangesNothingTheSyncDoesNotReport) {
+  TwoNodes rig(GetParam());
+  ASSERT_TRUE(rig.synced());
+  Node& a = rig.a;
+  Node& b = rig.b;
+  httplib::Client http("127.0.0.1", rig.ctl->ports().http);
+  http.set_read_timeout(60s);
+  auto move = [&](const char* from, const char* to, const std::vector<std::int64_t>& tokens) {
+    auto r = http.Post("/move", Json{{"old_position", {from, kCpu}}, {"new_position", {to, kCpu}},
+                                     {"tokens", tokens}}.dump(), "application/json");
+    return r && r->status == 200 ? Json::parse(r->body) : Json{{"failed", r ? r->body : "no reply"}};
+  };
+  std::vector<std::int64_t> tokens(8 * 256);
+  std::iota(tokens.begin(), tokens.end(), 70000);
+  const std::vector<ChunkHash> hashes = a.engine().hashes(tokens).value();
+  for (ChunkHash h : hashes) ASSERT_TRUE(a.engine().put(h, chunk_bytes(h)));
+
+  // Into a frozen destination: the move waits until the sync ends.
+  b.engine().freeze(true);
+  auto moving = std::async(std::launch::async, [&] { return move("inst-A", "inst-B", tokens); });
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(b.store().counters().chunks, 0u) << "nothing lands while B is frozen";
+  b.engine().freeze(false);
+  EXPECT_EQ(moving.get()["num_tokens"], 2048);
+  EXPECT_EQ(b.store().counters().chunks, 8u);
+  EXPECT_EQ(a.store().counters().chunks, 0u);
+
+  // A sync that begins between reserve and commit: the commit answers "frozen" (-3) and the
+  // reserved page goes back.
+  auto ask = [&](std::uint8_t op, std::int64_t h) {
+    std::vector<std::byte> q(1 + 4 + 8);
+    q[0] = static_cast<std::byte>(op);
+    const std::uint32_t one = 1;
+    std::memcpy(q.data() + 1, &one, 4);
+    std::memcpy(q.data() + 5, &h, 8);
+    std::vector<std::byte> answer = a.moves().on_ask("peer-x", q).value();
+    std::int64_t v = 0;
+    if (answer.size() == 12) std::memcpy(&v, answer.data() + 4, 8);
+    return v;
+  };
+  EXPECT_GE(ask(1, 424242), 0) << "reserve: a page";
+  a.engine().freeze(true);
+  EXPECT_EQ(ask(2, 424242), -3) << "commit while frozen";
+  EXPECT_EQ(a.store().counters().reserved, 0u);
+  EXPECT_FALSE(a.store().contains(424242));
+  a.engine().freeze(false);
+
+  // From a frozen source with copy=false: B sends everything, A confirms it, B keeps it too.
+  b.engine().freeze(true);
+  EXPECT_EQ(move("inst-B", "inst-A", tokens)["num_tokens"], 2048);
+  b.engine().freeze(false);
+  EXPECT_EQ(a.store().counters().chunks, 8u);
+  EXPECT_EQ(b.store().counters().chunks, 8u) << "no EVICT while B's sync runs";
 }
 
 TEST_P(Moves, ALocalMissIsPulledFromThePeerTheControllerNames) {

@@ -181,6 +181,7 @@ class Node {
            !engine_.frozen();
   }
   Engine& engine() { return engine_; }
+  PeerMoves& moves() { return moves_; }
   ChunkStore& store() { return store_; }
   agent::WorkerAgent& agent() { return *agent_; }
   transfer::TransferPlane& plane() { return *plane_; }

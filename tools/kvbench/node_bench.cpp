@@ -98,19 +98,21 @@ int run_node_bench(const NodeBenchSpec& s) {
     return json::parse(r->body, nullptr, false);
   };
   auto indexed_at = [&](const std::string& who) {
+    json j;
     for (const auto until = Clock::now() + std::chrono::seconds(30); Clock::now() < until;) {
-      json j = post("/lookup", {{"tokens", tokens}});
+      j = post("/lookup", {{"tokens", tokens}});
       if (j.is_object() && j.dump().find(who) != std::string::npos &&
           j.dump().find(std::to_string(tokens.size())) != std::string::npos)
         return true;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
+    std::fprintf(stderr, "kvbench node: the controller never indexed all %zu tokens at %s; its last lookup: %s\n",
+                 tokens.size(), who.c_str(), j.dump().c_str());
+    auto m = api.Get("/metrics");
+    if (m) std::fprintf(stderr, "%s\n", m->body.c_str());
     return false;
   };
-  if (!indexed_at("bench-a")) {
-    std::fprintf(stderr, "kvbench node: the controller never indexed node A's chunks\n");
-    return 1;
-  }
+  if (!indexed_at("bench-a")) return 1;
 
   // (1) Moves through the orchestrator, both ways, timed from the call to its answer.
   std::vector<double> move_s;

@@ -10,6 +10,10 @@
 // keeps the page from being freed under them; a chunk removed while leased disappears from
 // lookups at once (EVICT) and its page returns when the last lease ends.
 //
+// Frozen (a full sync runs), the set of readable chunks stays exactly what a snapshot taken after
+// freeze(true) reports: reserve(), commit() (the page goes back), remove() and clear() refuse, so
+// no ADMIT or EVICT arises that the sync's controller would drop. Reads and leases go on.
+//
 // Thread-safe. The event callback runs under the store's lock, in order: it must not call back
 // into the store (it hands events to the worker agent's batcher).
 #pragma once
@@ -95,12 +99,15 @@ class ChunkStore {
   std::vector<Lease> lease_leading(std::span<const ChunkHash> hashes);
   std::optional<Lease> lease(ChunkHash hash);
 
-  // Stops `hash` being readable (EVICT); false when absent or pinned.
+  // Stops `hash` being readable (EVICT); false when absent, pinned or frozen.
   bool remove(ChunkHash hash);
-  // Removes every readable, unpinned chunk (EVICT each); returns how many.
+  // Removes every readable, unpinned chunk (EVICT each); returns how many (0 when frozen).
   std::size_t clear();
   // Every readable chunk, oldest first (full sync).
   std::vector<ChunkHash> snapshot() const;
+  void freeze(bool on);
+  bool frozen() const;
+  static constexpr const char* kFrozenText = "frozen: a full sync is running";
   StoreCounters counters() const;
 
  private:
@@ -127,6 +134,7 @@ class ChunkStore {
   std::list<ChunkHash> lru_;  // readable chunks, least recently used first
   std::unordered_map<std::string, std::vector<ChunkHash>> pins_;
   StoreCounters counters_;
+  bool frozen_ = false;
 };
 
 }  // namespace kvnode::node

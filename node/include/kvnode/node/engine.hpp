@@ -5,11 +5,11 @@
 // handler; what the node cannot do (compression, intra-node promotion) gets an ErrorMsg that says
 // so, never a silent 0. put()/get() are the local client's data path for host pools.
 //
-// freeze(true) (a full sync running) refuses new chunks, so nothing stored meanwhile is lost
-// when the controller resets the worker's keys for the sync.
+// freeze(true) (a full sync running) freezes the store: no chunk arrives or leaves until the sync
+// ends (clear answers an ErrorMsg), so the keys the sync reports are exactly what the node holds
+// and no event is dropped by a controller that is rebuilding the worker's keys.
 #pragma once
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -48,15 +48,14 @@ class Engine {
   void set_mover(std::function<wire::Msg(const wire::MoveWorkerMsg&)> mover) { mover_ = std::move(mover); }
   std::size_t chunk_size() const { return options_.hashing.chunk_size; }
 
-  void freeze(bool on) { frozen_ = on; }
-  bool frozen() const { return frozen_; }
+  void freeze(bool on) { store_.freeze(on); }
+  bool frozen() const { return store_.frozen(); }
   std::vector<std::int64_t> snapshot() const { return store_.snapshot(); }
   ChunkStore& store() { return store_; }
 
  private:
   ChunkStore& store_;
   EngineOptions options_;
-  std::atomic<bool> frozen_{false};
   std::function<wire::Msg(const wire::MoveWorkerMsg&)> mover_;
 };
 

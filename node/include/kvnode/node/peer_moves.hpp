@@ -20,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -83,6 +84,15 @@ class PeerMoves {
     std::chrono::steady_clock::time_point expires;
   };
   void expire_reservations();
+  Result<std::vector<std::int64_t>> ask(const std::string& peer_url, std::uint8_t op,
+                                        const std::vector<std::int64_t>& values);
+  struct BatchOutcome {
+    std::vector<std::int64_t> state;  // per chunk: 1 stored there, -1 was there, -3 frozen, 0 not
+    std::size_t bytes = 0;
+    std::string error;
+  };
+  BatchOutcome send_batch(const std::string& peer_url, std::span<const Lease> leases,
+                          std::chrono::steady_clock::time_point frozen_until);
 
   Engine& engine_;
   transfer::TransferPlane* plane_;
