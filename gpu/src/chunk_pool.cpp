@@ -1,5 +1,7 @@
 #include "kvnode/gpu/chunk_pool.hpp"
 
+#include <algorithm>
+#include <functional>
 #include <limits>
 #include <string>
 
@@ -27,9 +29,19 @@ Result<ChunkPool> ChunkPool::create(const PoolOptions& options) {
 
 ChunkPool::ChunkPool(MemoryRegion region, std::size_t page_bytes, std::size_t pages)
     : region_(std::move(region)), page_bytes_(page_bytes), page_count_(pages), in_use_(pages) {
+  // Lowest free page first (a min-heap): pages reserved one after another for a move or a put
+  // are adjacent whenever the pool has such room, and the transfer plane then sends them as one
+  // run instead of one per chunk (a LIFO list handed them out in reverse after every eviction).
   free_.reserve(pages);
-  // Lowest ids on top: a fresh pool hands out pages from the start of the region.
-  for (std::size_t i = pages; i-- > 0;) free_.push_back(static_cast<PageId>(i));
+  for (std::size_t i = 0; i < pages; ++i) free_.push_back(static_cast<PageId>(i));  // sorted: a heap
+}
+
+PageId ChunkPool::pop_lowest() {
+  std::pop_heap(free_.begin(), free_.end(), std::greater<>{});
+  const PageId page = free_.back();
+  free_.pop_back();
+  in_use_[page] = true;
+  return page;
 }
 
 ChunkPool::ChunkPool(ChunkPool&& other) noexcept
@@ -44,18 +56,15 @@ ChunkPool::ChunkPool(ChunkPool&& other) noexcept
 std::optional<PageId> ChunkPool::allocate() {
   std::lock_guard lock(mutex_);
   if (free_.empty()) return std::nullopt;
-  const PageId page = free_.back();
-  free_.pop_back();
-  in_use_[page] = true;
-  return page;
+  return pop_lowest();
 }
 
 std::vector<PageId> ChunkPool::allocate(std::size_t n) {
   std::lock_guard lock(mutex_);
   if (n > free_.size()) return {};
-  std::vector<PageId> pages(free_.end() - static_cast<std::ptrdiff_t>(n), free_.end());
-  free_.resize(free_.size() - n);
-  for (PageId p : pages) in_use_[p] = true;
+  std::vector<PageId> pages;
+  pages.reserve(n);
+  while (pages.size() < n) pages.push_back(pop_lowest());
   return pages;
 }
 
@@ -68,6 +77,7 @@ Status ChunkPool::release(PageId page) {
     return make_error("chunk pool: page " + std::to_string(page) + " is not in use");
   in_use_[page] = false;
   free_.push_back(page);
+  std::push_heap(free_.begin(), free_.end(), std::greater<>{});
   return {};
 }
 

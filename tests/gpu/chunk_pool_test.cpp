@@ -52,6 +52,22 @@ TEST(ChunkPool, PagesAreDistinctWritableAndInsideTheRegion) {
   EXPECT_EQ(pool.allocate(), std::optional<PageId>(3));
 }
 
+// Pages reserved one after another must be adjacent where the pool has room: the transfer plane
+// sends adjacent pages as one run. Freed in order, they come back lowest first, not reversed.
+TEST(ChunkPool, TheLowestFreePageComesFirst) {
+  ChunkPool pool = make_pool(4096, 8);
+  std::vector<PageId> first;
+  for (int i = 0; i < 8; ++i) first.push_back(pool.allocate().value());
+  EXPECT_EQ(first, (std::vector<PageId>{0, 1, 2, 3, 4, 5, 6, 7}));
+  for (PageId p : {2, 3, 4, 5}) ASSERT_TRUE(pool.release(p));  // a move's chunks leave in order
+  std::vector<PageId> again;
+  for (int i = 0; i < 4; ++i) again.push_back(pool.allocate().value());
+  EXPECT_EQ(again, (std::vector<PageId>{2, 3, 4, 5}));
+  for (PageId p : {7, 1, 5, 3}) ASSERT_TRUE(pool.release(p));
+  EXPECT_EQ(pool.allocate(3), (std::vector<PageId>{1, 3, 5}));
+  EXPECT_EQ(pool.allocate(), std::optional<PageId>(7));
+}
+
 TEST(ChunkPool, BatchesAreAllOrNothing) {
   ChunkPool pool = make_pool(4096, 10);
   EXPECT_EQ(pool.allocate(7).size(), 7u);

@@ -92,10 +92,16 @@ int run_node_bench(const NodeBenchSpec& s) {
 
   httplib::Client api("127.0.0.1", http);
   api.set_read_timeout(std::chrono::seconds(60));
-  auto post = [&](const std::string& path, const json& body) -> json {
-    auto r = api.Post(path, body.dump(), "application/json");
+  auto post_text = [&](const std::string& path, const std::string& body) -> json {
+    auto r = api.Post(path, body, "application/json");
     if (!r || r->status != 200) return nullptr;
     return json::parse(r->body, nullptr, false);
+  };
+  auto post = [&](const std::string& path, const json& body) { return post_text(path, body.dump()); };
+  // A move's body, written before the clock starts (the orchestrator has its tokens already).
+  auto move_body = [](const std::string& from, const std::string& to, const std::vector<std::int64_t>& t) {
+    return json{{"old_position", {from, "LocalCPUBackend"}}, {"new_position", {to, "LocalCPUBackend"}},
+                {"tokens", t}, {"should_copy", false}}.dump();
   };
   auto indexed_at = [&](const std::string& who) {
     json j;
@@ -118,10 +124,9 @@ int run_node_bench(const NodeBenchSpec& s) {
   std::vector<double> move_s;
   std::string from = "bench-a", to = "bench-b";
   for (std::size_t i = 0; i < 2 * s.iterations; ++i) {
+    const std::string body = move_body(from, to, tokens);
     const auto t0 = Clock::now();
-    json j = post("/move", {{"old_position", {from, "LocalCPUBackend"}},
-                            {"new_position", {to, "LocalCPUBackend"}},
-                            {"tokens", tokens}, {"should_copy", false}});
+    json j = post_text("/move", body);
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     if (!j.is_object() || j.value("num_tokens", 0) != static_cast<std::int64_t>(tokens.size())) {
       std::fprintf(stderr, "kvbench node: move %s -> %s failed: %s\n", from.c_str(), to.c_str(), j.dump().c_str());
@@ -132,6 +137,18 @@ int run_node_bench(const NodeBenchSpec& s) {
     if (!indexed_at(from)) return 1;  // the next move's source must be indexed
   }
   const double move_gbps = static_cast<double>(s.chunks * s.chunk_bytes) / median(move_s) / 1e9;
+
+  // The control path alone: the same /move for tokens nobody holds (HTTP and JSON, the fan-out,
+  // the node's decode and hashing, the answer; nothing to send).
+  std::vector<std::int64_t> unheld(tokens);
+  for (std::int64_t& t : unheld) t += 1'000'000'000;
+  std::vector<double> control_s;
+  const std::string unheld_body = move_body("bench-a", "bench-b", unheld);
+  for (std::size_t i = 0; i < 2 * s.iterations; ++i) {
+    const auto t0 = Clock::now();
+    post_text("/move", unheld_body);
+    control_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
 
   // The raw plane, same chunks and batch, push (what a move does), in this run.
   GroupSpec g;
@@ -172,6 +189,7 @@ int run_node_bench(const NodeBenchSpec& s) {
   if (s.json) {
     std::printf("%s\n", json{{"kind", "node"}, {"tls", t}, {"chunk_bytes", s.chunk_bytes}, {"chunks", s.chunks},
                              {"move_gbps", move_gbps}, {"move_p50_ms", median(move_s) * 1e3},
+                             {"control_p50_ms", median(control_s) * 1e3},
                              {"raw_push_gbps", raw_gbps}, {"ratio", ratio},
                              {"retrieve_1_p50_us", r1}, {"retrieve_64_p50_us", r64}}
                             .dump()
@@ -180,6 +198,7 @@ int run_node_bench(const NodeBenchSpec& s) {
     std::printf("kvbench node: tls %s, %zu chunks of %zu KiB per move, %zu iterations\n", t.c_str(), s.chunks,
                 s.chunk_bytes >> 10, s.iterations);
     std::printf("  move via /move (call to answer)  %8.2f GB/s  p50 %.1f ms\n", move_gbps, median(move_s) * 1e3);
+    std::printf("  control path only (nothing held) p50 %.2f ms\n", median(control_s) * 1e3);
     std::printf("  raw plane push, same batch       %8.2f GB/s  (%s)\n", raw_gbps,
                 raw.empty() ? "not run" : (raw[0].protocol + "/" + raw[0].transport).c_str());
     std::printf("  ratio                            %8.2f\n", ratio);

@@ -2,12 +2,12 @@
 // over the same sockets and messages, without its defects. It registers with the controller and
 // keeps trying (with backoff) until the controller answers; heartbeats by default and runs the
 // commands that come back; reports admits and evicts in batches (at most 50 ops or 10 ms) with
-// per-location sequence numbers from 0; serves the controller's control requests on its REP port
-// and answers every one, an ErrorMsg for what it cannot do; de-registers on a clean stop. A
+// per-location sequence numbers from 0; serves the controller's control requests on its worker
+// port (LMCache's REP port; a ROUTER here, so REQ and DEALER peers both get replies) and answers every one, an ErrorMsg for what it cannot do; de-registers on a clean stop. A
 // request that times out recreates its socket, as LMCache does, and the caller gets an error to
 // apply LMCache's fallback reply to.
 //
-// Threads: one serves the REP socket, one batches and pushes events, one registers and
+// Threads: one serves the worker port, one batches and pushes events, one registers and
 // heartbeats. report() and call() are thread-safe; the handlers run on the agent's threads.
 #pragma once
 

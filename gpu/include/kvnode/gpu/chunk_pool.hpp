@@ -52,12 +52,13 @@ class ChunkPool {
 
  private:
   ChunkPool(MemoryRegion region, std::size_t page_bytes, std::size_t pages);
+  PageId pop_lowest();  // mutex_ held, free_ not empty
 
   MemoryRegion region_;
   std::size_t page_bytes_;
   std::size_t page_count_;
   mutable std::mutex mutex_;
-  std::vector<PageId> free_;    // stack of free pages
+  std::vector<PageId> free_;    // free pages, a min-heap (lowest first)
   std::vector<bool> in_use_;
 };
 
