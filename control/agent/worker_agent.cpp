@@ -436,9 +436,10 @@ void WorkerAgent::Impl::serve_rep() {
         ++c.control_requests;
         if (failed) ++c.control_errors;
       });
+      const std::string payload = wire::encode(reply);  // before the first frame goes out
       for (std::size_t i = 0; i < envelope; ++i) rep_->send(head[i], zmq::send_flags::sndmore);
-      rep_->send(zmq::buffer(wire::encode(reply)), zmq::send_flags::none);
-    } catch (const zmq::error_t& e) {
+      rep_->send(zmq::buffer(payload), zmq::send_flags::none);
+    } catch (const std::exception& e) {  // zmq errors, and bad_alloc from a hostile request
       spdlog::warn("worker agent: control socket: {}", e.what());
     }
   }

@@ -38,6 +38,7 @@ struct LocalService::Impl {
   std::vector<std::size_t> free_slots;
   std::uint64_t next_hold = 1;
   ino_t socket_inode = 0;  // of the socket file this service bound
+  dev_t socket_device = 0;
   std::atomic<bool> stop{false};
   std::atomic<std::uint64_t> requests{0}, errors{0};
   std::thread thread;
@@ -52,7 +53,8 @@ struct LocalService::Impl {
     socket.close();
     // libzmq leaves the socket file behind; remove it unless a newer daemon bound the path since.
     struct stat now {};
-    if (socket_inode != 0 && ::stat(options.path.c_str(), &now) == 0 && now.st_ino == socket_inode)
+    if (socket_inode != 0 && ::stat(options.path.c_str(), &now) == 0 && now.st_ino == socket_inode &&
+        now.st_dev == socket_device)
       ::unlink(options.path.c_str());
   }
 
@@ -341,7 +343,10 @@ Result<std::unique_ptr<LocalService>> LocalService::start(const LocalServiceOpti
   }
   // Owner only, like the staging region: chunks are the engine's data.
   chmod(options.path.c_str(), 0600);
-  if (struct stat st {}; ::stat(options.path.c_str(), &st) == 0) impl->socket_inode = st.st_ino;
+  if (struct stat st {}; ::stat(options.path.c_str(), &st) == 0) {
+    impl->socket_inode = st.st_ino;
+    impl->socket_device = st.st_dev;
+  }
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] { raw->run(); });
   return std::unique_ptr<LocalService>(new LocalService(std::move(impl)));

@@ -13,7 +13,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Ask format: [op u8][count u32][value i64 x count], little-endian; the answer: [count u32][i64 x count].
-enum Op : std::uint8_t { kReserve = 1, kCommit = 2, kRelease = 3, kLease = 4, kUnlease = 5 };
+enum Op : std::uint8_t { kReserve = 1, kCommit = 2, kRelease = 3, kLease = 4, kUnlease = 5, kHolds = 6 };
 constexpr std::int64_t kHave = -1;     // reserve: the destination holds the chunk already
 constexpr std::int64_t kNoRoom = -2;   // reserve: no page free (all pinned or busy)
 constexpr std::int64_t kFrozen = -3;   // reserve, commit: a full sync runs there; ask again shortly
@@ -106,13 +106,9 @@ Result<std::vector<std::byte>> PeerMoves::on_ask(const std::string& peer,
           answer.push_back(kHave);
           continue;
         }
-        if (engine_.frozen()) {
-          answer.push_back(kFrozen);
-          continue;
-        }
         Result<gpu::PageId> page = store.reserve(h);
         if (!page) {
-          answer.push_back(kNoRoom);
+          answer.push_back(page.error().message == ChunkStore::kFrozenText ? kFrozen : kNoRoom);
           continue;
         }
         reserved_[h] = Reservation{peer, Clock::now() + ttl_};
@@ -128,7 +124,7 @@ Result<std::vector<std::byte>> PeerMoves::on_ask(const std::string& peer,
         if (stored || store.contains(h))
           answer.push_back(1);
         else
-          answer.push_back(mine && store.frozen() ? kFrozen : 0);
+          answer.push_back(!stored && stored.error().message == ChunkStore::kFrozenText ? kFrozen : 0);
       }
       break;
     case kRelease:
@@ -150,6 +146,9 @@ Result<std::vector<std::byte>> PeerMoves::on_ask(const std::string& peer,
       break;
     case kUnlease:
       for (std::int64_t h : *values) leased_.erase({peer, h});
+      break;
+    case kHolds:  // 1 for each chunk readable here now
+      for (std::int64_t h : *values) answer.push_back(store.contains(h) ? 1 : 0);
       break;
     default:
       return make_error("unknown request");
@@ -272,6 +271,29 @@ MoveResult PeerMoves::move(const std::string& peer_url, const std::vector<std::i
     }
   }
   leases.clear();
+  // The destination may have evicted a confirmed chunk since (its pool full, a later batch's
+  // reservations): what it holds now, from the first, is what moved.
+  std::size_t held = 0;
+  for (std::size_t start = 0; start < confirmed.size() && held == start; start += kBatch) {
+    const std::vector<std::int64_t> batch(confirmed.begin() + static_cast<std::ptrdiff_t>(start),
+                                          confirmed.begin() + static_cast<std::ptrdiff_t>(
+                                                                  std::min(confirmed.size(), start + kBatch)));
+    Result<std::vector<std::int64_t>> holds = ask(peer_url, kHolds, batch);
+    if (!holds) {
+      out.error = "checking what the destination holds: " + holds.error().message;
+      break;
+    }
+    while (held - start < batch.size() && (*holds)[held - start] == 1) ++held;
+  }
+  if (held < confirmed.size()) {
+    spdlog::warn("move to {}: the destination no longer holds {} of the {} chunks it confirmed", peer_url,
+                 confirmed.size() - held, confirmed.size());
+    out.chunks_failed += confirmed.size() - held;
+    out.chunks_sent -= std::min(out.chunks_sent, confirmed.size() - held);
+    out.tokens_confirmed =
+        held == 0 ? 0 : keys::chunk_end_token(held - 1, tokens.size(), engine_.chunk_size());
+    confirmed.resize(held);
+  }
   if (!copy) {
     std::size_t kept = 0;  // EVICT only the leading run the destination holds
     for (ChunkHash h : confirmed) kept += store.remove(h) ? 0 : 1;
@@ -328,7 +350,10 @@ RetrieveResult PeerMoves::retrieve_chunks(const std::vector<ChunkHash>& wanted, 
     std::size_t reserved = 0;
     for (; reserved < got; ++reserved) {
       Result<gpu::PageId> page = store.reserve(leased[reserved]);
-      if (!page) break;  // no room: pull what fits
+      if (!page) {  // no room (or a full sync runs here): pull what fits
+        if (reserved == 0) out.error = "no page here: " + page.error().message;
+        break;
+      }
       copies.push_back({*page, static_cast<gpu::PageId>((*remote)[reserved])});
     }
     transfer::TransferResult r;

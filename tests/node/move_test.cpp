@@ -158,6 +158,36 @@ TEST_P(Moves, AFullSyncAtEitherEndChangesNothingTheSyncDoesNotReport) {
   EXPECT_EQ(b.store().counters().chunks, 8u) << "no EVICT while B's sync runs";
 }
 
+// A move of more chunks than one batch into a destination with little room: the second batch's
+// reservations evict chunks the first batch stored there. The source asks what the destination
+// still holds before it evicts anything, so no chunk ends up nowhere.
+TEST_P(Moves, ChunksTheDestinationEvictsMidMoveStayAtTheSource) {
+  auto ctl = start_controller();
+  NodeOptions oa;
+  oa.pages = 420;
+  oa.page_bytes = 4096;
+  NodeOptions ob = oa;
+  ob.pages = 300;
+  Node a(ctl->ports(), "inst-A", GetParam(), oa);
+  Node b(ctl->ports(), "inst-B", GetParam(), ob);
+  ASSERT_TRUE(eventually([&] { return a.settled() && b.settled(); }));
+  std::vector<std::int64_t> tokens(400 * 256);
+  std::iota(tokens.begin(), tokens.end(), 500000);
+  const std::vector<ChunkHash> hashes = a.engine().hashes(tokens).value();
+  for (ChunkHash h : hashes) ASSERT_TRUE(a.engine().put(h, chunk_bytes(h, 4096)));
+  httplib::Client http("127.0.0.1", ctl->ports().http);
+  http.set_read_timeout(60s);
+  auto r = http.Post("/move", Json{{"old_position", {"inst-A", kCpu}}, {"new_position", {"inst-B", kCpu}},
+                                   {"tokens", tokens}}.dump(), "application/json");
+  ASSERT_TRUE(r && r->status == 200) << (r ? r->body : "no reply");
+  const std::size_t prefix_at_b = b.store().leading(hashes);
+  EXPECT_EQ(Json::parse(r->body)["num_tokens"], prefix_at_b * 256) << "the answer is what B holds from the first";
+  std::size_t nowhere = 0;
+  for (ChunkHash h : hashes) nowhere += a.store().contains(h) || b.store().contains(h) ? 0 : 1;
+  EXPECT_EQ(nowhere, 0u) << "chunks the move lost";
+  EXPECT_LT(b.store().counters().chunks, hashes.size()) << "B cannot hold them all: the case under test";
+}
+
 TEST_P(Moves, ALocalMissIsPulledFromThePeerTheControllerNames) {
   TwoNodes rig(GetParam());
   ASSERT_TRUE(rig.synced());

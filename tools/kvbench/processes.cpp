@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 extern char** environ;
 
@@ -28,6 +30,12 @@ Child::Child(std::vector<std::string> argv, const std::vector<std::string>* env)
 Child::~Child() {
   if (pid_ <= 0) return;
   ::kill(pid_, SIGTERM);
+  ::kill(pid_, SIGCONT);
+  for (const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+       std::chrono::steady_clock::now() < until;
+       std::this_thread::sleep_for(std::chrono::milliseconds(10)))
+    if (::waitpid(pid_, nullptr, WNOHANG) == pid_) return;
+  ::kill(pid_, SIGKILL);  // stuck: it must not hang kvbench
   ::waitpid(pid_, nullptr, 0);
 }
 

@@ -10,7 +10,7 @@
 namespace kvnode::bench {
 
 // A child process started from argv (argv[0] a path) with `env` (nullptr: this process's
-// environment); SIGTERM'd and reaped when the handle goes.
+// environment); SIGTERM'd (SIGKILL after 5 s) and reaped when the handle goes.
 class Child {
  public:
   explicit Child(std::vector<std::string> argv, const std::vector<std::string>* env = nullptr);
