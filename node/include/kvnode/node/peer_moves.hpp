@@ -2,8 +2,9 @@
 // P2P retrieval (§4.2). Moves, with kvnode's guarantees:
 // the destination reserves pages for the chunks it lacks, the source pushes into them, the
 // destination commits (ADMIT) only chunks whose bytes arrived whole, and with copy=false the
-// source evicts only the chunks the destination confirmed it holds. LMCache evicts whatever
-// happened (§6 D4); a failed move here loses nothing.
+// source evicts only the leading chunks the destination says it still holds when the move ends
+// (a later batch there may have evicted an earlier one). LMCache evicts whatever happened (§6
+// D4); a failed move here loses nothing.
 //
 // Retrieval: the requester asks the controller who holds the chunks it lacks, the holder leases
 // them (so they stay put while read), the requester pulls them into pages it reserved and
