@@ -264,7 +264,7 @@ struct LocalService::Impl {
       if (!staging) return fail("this node has no shared staging region: use put/get");
       if (holds.size() >= options.max_holds)
         return fail("too many unfinished holds (" + std::to_string(holds.size()) + "); commit or release them");
-      if (engine.frozen() && q.op == "reserve") return fail("frozen: a full sync is running");
+      if (engine.frozen() && q.op == "reserve") return fail(ChunkStore::kFrozenText);
       Hold h;
       local::Reply r;
       std::vector<Lease> leases;

@@ -124,7 +124,7 @@ Result<std::vector<std::byte>> PeerMoves::on_ask(const std::string& peer,
         if (stored || store.contains(h))
           answer.push_back(1);
         else
-          answer.push_back(!stored && stored.error().message == ChunkStore::kFrozenText ? kFrozen : 0);
+          answer.push_back(stored.error().message == ChunkStore::kFrozenText ? kFrozen : 0);
       }
       break;
     case kRelease:

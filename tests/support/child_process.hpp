@@ -49,7 +49,6 @@ class ChildProcess {
 
   ~ChildProcess() {
     if (running()) {
-      kill(pid_, SIGTERM);
       kill(pid_, SIGCONT);  // a stopped child must run to exit
       (void)stop(SIGTERM, std::chrono::seconds(5));
     }
