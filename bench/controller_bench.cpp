@@ -23,6 +23,7 @@
 #include <zmq_addon.hpp>
 
 #include "controller_bench_proc.hpp"
+#include "kvnode/common/allocator.hpp"
 #include "kvnode/controller/controller.hpp"
 #include "kvnode/controller/registry.hpp"
 #include "kvnode/wire/codec.hpp"
@@ -177,6 +178,7 @@ struct Ports {
 
 // "controller": kvcontroller as its main runs it, on ephemeral ports, until killed.
 void serve_controller(int fd) {
+  kvnode::keep_freed_memory();  // as kvcontroller's main does
   spdlog::set_level(spdlog::level::warn);  // 10 k registrations would log 10 k info lines
   ctl::ControllerConfig config;
   config.controller_host = "127.0.0.1";
@@ -203,7 +205,7 @@ void push_admits(int pull_port, std::uint64_t seed, std::uint64_t total, std::ui
 void sink_frames(int fd, std::uint64_t n) {
   zmq::context_t ctx(1);
   zmq::socket_t pull(ctx, zmq::socket_type::pull);
-  pull.set(zmq::sockopt::rcvhwm, 10000);  // as the controller's PULL
+  pull.set(zmq::sockopt::rcvhwm, 1000);  // as the controller's PULL
   bench::report(fd, bind_ephemeral(pull));
   zmq::message_t frame;
   for (std::uint64_t i = 0; i < n; ++i) (void)pull.recv(frame);

@@ -11,14 +11,16 @@
 namespace kvnode::controller {
 namespace {
 
-constexpr std::size_t kMinCapacity = 1024;
-// Old slots moved per insert or erase while a rehash runs. A rehash starts with at most half of
-// the new table live and must end before inserts fill it to 3/4, i.e. within capacity/4 inserts;
-// it has at most `capacity` old slots to move, so 8 per call finishes within capacity/8.
-constexpr std::size_t kMigrateStep = 8;
+constexpr std::size_t kMinBuckets = 256;
+// Old buckets moved per insert or erase while a rehash runs. A rehash starts with at most 2/5 of
+// the new table live (4/5 of a table half its size) and must end before inserts fill it to 4/5,
+// i.e. within 2/5 x slots = 4 x old buckets inserts. Two buckets per call end it within half the
+// old bucket count, so the old table's memory goes soon (at one, 10 M entries still held both).
+constexpr std::size_t kMigrateStep = 2;
+constexpr std::size_t kMigratePrefetch = 2;  // buckets ahead whose entries' new homes are loaded
 
 // murmur3's finaliser over the seeded bits: a bijection, so distinct hashes stay distinct, and
-// without the seed an attacker cannot aim many chunk hashes at one probe run.
+// without the seed an attacker cannot aim many chunk hashes at one bucket.
 std::uint64_t mix(std::uint64_t x) {
   x ^= x >> 33;
   x *= 0xff51afd7ed558ccdull;
@@ -32,6 +34,10 @@ std::uint64_t random_seed() {
   std::random_device rd;
   return (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
 }
+
+// Load limits, as fractions of a table's slots.
+bool above_max_load(std::size_t used, std::size_t slots) { return used * 5 > slots * 4; }
+bool above_prepare_load(std::size_t used, std::size_t slots) { return used * 5 >= slots * 3; }
 
 }  // namespace
 
@@ -99,6 +105,11 @@ std::size_t KvIndex::home(ChunkHash h, const Table& t) const {
   return mix(h.bits() ^ seed_ ^ (h.negative() ? 0x9E3779B97F4A7C15ull : 0)) & t.mask;
 }
 
+ChunkHash KvIndex::hash_of(std::uint64_t key, std::uint32_t tag) {
+  return (tag & kNegative) ? ChunkHash::from_signed(static_cast<std::int64_t>(key))
+                           : ChunkHash::from_unsigned(key);
+}
+
 HolderId KvIndex::new_holder() {
   HolderId id;
   if (!free_holders_.empty()) {
@@ -120,59 +131,45 @@ void KvIndex::retire_holder(HolderId holder) {
   h = HolderState{0, false};
   retired_holders_.push_back(holder);
   // Plenty of dead entries: start reclaiming them now rather than at the next growth.
-  if (!migrating() && used_ - std::min(used_, live_) > cur_.capacity / 2) {
+  if (!migrating() && used_ - std::min(used_, live_) > cur_.slots() / 2) {
     next_ = Table{};
-    start_rehash(make_table(cur_.capacity, false));  // small pages: see reserve_for_insert
+    start_rehash(make_table(cur_.buckets_n, false));  // small pages: see reserve_for_insert
   }
 }
 
-KvIndex::Slot* KvIndex::find(ChunkHash hash, std::uint32_t want) const {
-  auto scan = [&](const Table& t, std::size_t from) -> Slot* {
-    if (t.capacity == 0) return nullptr;
-    for (std::size_t i = home(hash, t);; i = (i + 1) & t.mask) {
-      Slot& s = t.slots[i];
-      if (s.tag == kEmpty) return nullptr;
-      if (s.tag == want && s.key == hash.bits() && i >= from) return &s;
-    }
-  };
-  if (Slot* s = scan(cur_, 0)) return s;
-  return migrating() ? scan(old_, cursor_) : nullptr;
+KvIndex::Place KvIndex::find_in(const Table& t, ChunkHash hash, std::uint32_t want,
+                                std::size_t from) const {
+  if (t.buckets_n == 0) return {};
+  for (std::size_t b = home(hash, t);; b = (b + 1) & t.mask) {
+    Bucket& k = t.buckets[b];
+    if (b >= from)
+      for (std::size_t j = 0; j < kBucketSlots; ++j)
+        if (k.tags[j] == want && k.keys[j] == hash.bits()) return {&k, j};
+    if (k.overflow == 0) return {};
+  }
 }
 
 bool KvIndex::contains(ChunkHash hash, HolderId holder) const {
   if (holder >= holders_.size() || !holders_[holder].live) return false;
-  return find(hash, (holder + 1) | tag_bits(hash)) != nullptr;
+  const std::uint32_t want = (holder + 1) | tag_bits(hash);
+  return find_in(cur_, hash, want, 0).found() ||
+         (migrating() && find_in(old_, hash, want, cursor_).found());
 }
 
 void KvIndex::prefetch(ChunkHash hash) const {
-  if (cur_.capacity != 0) __builtin_prefetch(&cur_.slots[home(hash, cur_)]);
+  if (cur_.buckets_n != 0) __builtin_prefetch(&cur_.buckets[home(hash, cur_)]);
+  // While a rehash runs, an insert checks the old table too and an erase may find its pair there.
+  if (migrating()) __builtin_prefetch(&old_.buckets[home(hash, old_)]);
 }
 
 bool KvIndex::insert(ChunkHash hash, HolderId holder) {
   if (!holders_.at(holder).live) return false;
   reserve_for_insert();
   const std::uint32_t want = (holder + 1) | tag_bits(hash);
-  std::size_t reuse = cur_.capacity;  // first dead slot on the probe path
-  std::size_t i = home(hash, cur_);
-  for (;; i = (i + 1) & cur_.mask) {
-    const Slot& s = cur_.slots[i];
-    if (s.tag == kEmpty) break;
-    if (s.tag == want && s.key == hash.bits()) return false;
-    if (reuse == cur_.capacity && !is_live(s.tag)) reuse = i;
-  }
-  if (migrating()) {
-    for (std::size_t j = home(hash, old_);; j = (j + 1) & old_.mask) {
-      const Slot& s = old_.slots[j];
-      if (s.tag == kEmpty) break;
-      if (s.tag == want && s.key == hash.bits() && j >= cursor_) return false;
-    }
-  }
-  if (reuse != cur_.capacity) {
-    i = reuse;  // a dead slot already counts in used_
-  } else {
-    ++used_;
-  }
-  cur_.slots[i] = Slot{hash.bits(), want};
+  const std::size_t h = home(hash, cur_);
+  if (find_in(cur_, hash, want, 0).found()) return false;
+  if (migrating() && find_in(old_, hash, want, cursor_).found()) return false;
+  place(hash.bits(), want, h);
   ++live_;
   ++holders_[holder].size;
   if (migrating())
@@ -182,15 +179,70 @@ bool KvIndex::insert(ChunkHash hash, HolderId holder) {
   return true;
 }
 
+void KvIndex::place(std::uint64_t key, std::uint32_t tag, std::size_t home_bucket) {
+  for (std::size_t b = home_bucket;; b = (b + 1) & cur_.mask) {
+    Bucket& k = cur_.buckets[b];
+    for (std::size_t j = 0; j < kBucketSlots; ++j) {
+      if (k.tags[j] == kEmpty) {
+        k.keys[j] = key;
+        k.tags[j] = tag;
+        ++used_;
+        return;
+      }
+    }
+    ++k.overflow;  // full: the entry's search must go on past it
+  }
+}
+
 bool KvIndex::erase(ChunkHash hash, HolderId holder) {
   if (!holders_.at(holder).live) return false;
-  Slot* s = find(hash, (holder + 1) | tag_bits(hash));
-  if (!s) return false;
-  s->tag = kTombstone;  // keeps the probe run intact, in either table
+  const std::uint32_t want = (holder + 1) | tag_bits(hash);
+  if (Place p = find_in(cur_, hash, want, 0); p.found()) {
+    p.bucket->keys[p.slot] = 0;
+    p.bucket->tags[p.slot] = kEmpty;
+    // Lower the counts the insert raised on the full buckets it passed.
+    const std::size_t at = static_cast<std::size_t>(p.bucket - cur_.buckets);
+    for (std::size_t b = home(hash, cur_); b != at; b = (b + 1) & cur_.mask)
+      --cur_.buckets[b].overflow;
+    --used_;
+    refill(at, p.slot);
+  } else if (Place o = migrating() ? find_in(old_, hash, want, cursor_) : Place{}; o.found()) {
+    o.bucket->tags[o.slot] = kTombstone;  // the old table is only drained: skipped when moved
+  } else {
+    return false;
+  }
   --live_;
   --holders_[holder].size;
   if (migrating()) migrate(kMigrateStep);
   return true;
+}
+
+// Entries pass over a bucket only while it is full. When a slot frees up in a bucket that
+// entries passed, the nearest of them moves back into it (and so on for the slot it leaves), so
+// churn does not leave entries stranded far from home: without this, a cache that admits as much
+// as it evicts made every search a little longer with each million ops.
+void KvIndex::refill(std::size_t bucket, std::size_t slot) {
+  while (cur_.buckets[bucket].overflow > 0) {
+    bool moved = false;
+    for (std::size_t c = (bucket + 1) & cur_.mask; !moved && c != bucket; c = (c + 1) & cur_.mask) {
+      Bucket& k = cur_.buckets[c];
+      for (std::size_t j = 0; j < kBucketSlots && !moved; ++j) {
+        if (k.tags[j] == kEmpty) continue;
+        const std::size_t h = home(hash_of(k.keys[j], k.tags[j]), cur_);
+        if (((bucket - h) & cur_.mask) >= ((c - h) & cur_.mask)) continue;  // does not pass it
+        Bucket& to = cur_.buckets[bucket];
+        to.keys[slot] = k.keys[j];
+        to.tags[slot] = k.tags[j];
+        k.keys[j] = 0;
+        k.tags[j] = kEmpty;
+        for (std::size_t b = bucket; b != c; b = (b + 1) & cur_.mask) --cur_.buckets[b].overflow;
+        bucket = c;
+        slot = j;
+        moved = true;
+      }
+    }
+    if (!moved) return;  // counts and contents disagree: cannot happen; never loop forever
+  }
 }
 
 std::size_t KvIndex::holder_size(HolderId holder) const {
@@ -198,50 +250,51 @@ std::size_t KvIndex::holder_size(HolderId holder) const {
 }
 
 std::size_t KvIndex::memory_bytes() const {
-  return (cur_.capacity + old_.capacity) * sizeof(Slot) + next_.memory.populated() +
+  return (cur_.buckets_n + old_.buckets_n) * sizeof(Bucket) + next_.memory.populated() +
          holders_.capacity() * sizeof(HolderState) +
          (free_holders_.capacity() + retired_holders_.capacity() +
           draining_holders_.capacity()) * sizeof(HolderId);
 }
 
-KvIndex::Table KvIndex::make_table(std::size_t capacity, bool huge_pages) {
+KvIndex::Table KvIndex::make_table(std::size_t buckets, bool huge_pages) {
   Table t;
-  t.memory = Mapping(capacity * sizeof(Slot), huge_pages);  // zeroed: all slots empty
-  t.slots = static_cast<Slot*>(t.memory.data());
-  t.capacity = capacity;
-  t.mask = capacity - 1;
+  t.memory = Mapping(buckets * sizeof(Bucket), huge_pages);  // zeroed: all slots empty
+  t.buckets = static_cast<Bucket*>(t.memory.data());
+  t.buckets_n = buckets;
+  t.mask = buckets - 1;
   return t;
 }
 
-std::size_t KvIndex::target_capacity() const {
-  std::size_t wanted = std::max(kMinCapacity, cur_.capacity);
-  // Grow only when live entries need it; a table full of dead slots is rehashed at its size.
-  while ((live_ + 1) * 2 > wanted) wanted *= 2;  // live entries at most half the new table
+std::size_t KvIndex::target_buckets() const {
+  std::size_t wanted = std::max(kMinBuckets, cur_.buckets_n);
+  // Grow only when live entries need it; a table full of dead entries is rehashed at its size.
+  // Live entries at most half the new table.
+  while ((live_ + 1) * 2 > wanted * kBucketSlots) wanted *= 2;
   return wanted;
 }
 
 void KvIndex::prepare_next() {
-  if (used_ * 8 < cur_.capacity * 5) return;
-  if (next_.capacity == 0) {
-    next_ = make_table(target_capacity(), true);
+  if (!above_prepare_load(used_, cur_.slots())) return;
+  if (next_.buckets_n == 0) {
+    next_ = make_table(target_buckets(), true);
     next_from_used_ = used_;
   }
-  // Fault the table in evenly over the inserts left until it takes over at 3/4 load: one huge
+  // Fault the table in evenly over the inserts left until it takes over at 4/5 load: one huge
   // page (about 1 ms to zero here) every few thousand inserts instead of a burst of them in the
   // first few hundred inserts after the switch.
-  const std::size_t span = std::max<std::size_t>(1, cur_.capacity * 3 / 4 - next_from_used_);
+  const std::size_t span = std::max<std::size_t>(1, cur_.slots() * 4 / 5 - next_from_used_);
   const std::size_t done = std::min(span, used_ - next_from_used_ + 1);
-  next_.memory.populate_below(next_.capacity * sizeof(Slot) / span * done);
+  next_.memory.populate_below(next_.buckets_n * sizeof(Bucket) / span * done);
 }
 
 void KvIndex::reserve_for_insert() {
-  // Keep non-empty slots (live + dead) at most 3/4 of the table so probe runs stay short.
-  if ((used_ + 1) * 4 <= cur_.capacity * 3) return;
-  if (migrating()) migrate(old_.capacity);  // cannot happen at kMigrateStep; stay correct anyway
-  if ((used_ + 1) * 4 <= cur_.capacity * 3) return;
-  const std::size_t wanted = target_capacity();
-  if (next_.capacity == wanted) {
-    next_.memory.populate_below(wanted * sizeof(Slot));
+  // Keep non-empty slots (live + dead) at most 4/5 of the table so searches stay in one bucket.
+  if (cur_.buckets_n != 0 && !above_max_load(used_ + 1, cur_.slots())) return;
+  if (migrating()) migrate(old_.buckets_n);  // cannot happen at kMigrateStep; stay correct anyway
+  if (cur_.buckets_n != 0 && !above_max_load(used_ + 1, cur_.slots())) return;
+  const std::size_t wanted = target_buckets();
+  if (next_.buckets_n == wanted) {
+    next_.memory.populate_below(wanted * sizeof(Bucket));
     start_rehash(std::move(next_));
     next_ = Table{};
   } else {
@@ -256,37 +309,36 @@ void KvIndex::start_rehash(Table fresh) {
   old_ = std::move(cur_);
   cur_ = std::move(fresh);
   cursor_ = 0;
-  last_empty_ = 0;
+  last_clear_ = 0;
   used_ = 0;
   // Entries of holders retired so far all lie in old_ and are dropped by the move; holders
   // retired from now on may leave entries in cur_ and wait for the next rehash.
   draining_holders_ = std::move(retired_holders_);
   retired_holders_.clear();
-  if (old_.capacity == 0) migrate(0);  // nothing to move: finish at once
+  if (old_.buckets_n == 0) migrate(0);  // nothing to move: finish at once
 }
 
-void KvIndex::place(const Slot& s) {
-  const ChunkHash h = (s.tag & kNegative) ? ChunkHash::from_signed(static_cast<std::int64_t>(s.key))
-                                          : ChunkHash::from_unsigned(s.key);
-  std::size_t i = home(h, cur_);
-  while (cur_.slots[i].tag != kEmpty) i = (i + 1) & cur_.mask;
-  cur_.slots[i] = s;
-  ++used_;
-}
-
-void KvIndex::migrate(std::size_t slots) {
-  const std::size_t end = std::min(old_.capacity, cursor_ + slots);
+void KvIndex::migrate(std::size_t buckets) {
+  const std::size_t end = std::min(old_.buckets_n, cursor_ + buckets);
   for (; cursor_ < end; ++cursor_) {
-    const Slot s = old_.slots[cursor_];
-    if (s.tag == kEmpty)
-      last_empty_ = cursor_;
-    else if (is_live(s.tag))
-      place(s);
+    // Each entry lands at a random bucket of cur_: start loading those of a bucket a little
+    // ahead, so the misses overlap instead of costing one full memory latency each.
+    if (const std::size_t ahead = cursor_ + kMigratePrefetch; ahead < old_.buckets_n) {
+      const Bucket& a = old_.buckets[ahead];
+      for (std::size_t j = 0; j < kBucketSlots; ++j)
+        if (a.tags[j] != kEmpty)
+          __builtin_prefetch(&cur_.buckets[home(hash_of(a.keys[j], a.tags[j]), cur_)], 1);
+    }
+    const Bucket& k = old_.buckets[cursor_];
+    for (std::size_t j = 0; j < kBucketSlots; ++j)
+      if (k.tags[j] != kEmpty && is_live(k.tags[j]))
+        place(k.keys[j], k.tags[j], home(hash_of(k.keys[j], k.tags[j]), cur_));
+    if (k.overflow == 0) last_clear_ = cursor_;
   }
-  if (cursor_ < old_.capacity) {
-    // A probe that starts below the last empty slot stops there, so nothing reads the moved
-    // slots before it any more: give their pages back (they would read as empty anyway).
-    old_.memory.release_below(last_empty_ * sizeof(Slot));
+  if (cursor_ < old_.buckets_n) {
+    // A search that starts below the last moved bucket nothing overflowed stops there, so
+    // nothing reads the moved buckets before it any more: give their pages back.
+    old_.memory.release_below(last_clear_ * sizeof(Bucket));
     return;
   }
   old_ = Table{};

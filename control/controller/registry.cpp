@@ -16,7 +16,7 @@ constexpr std::int64_t kMaxSyncBatches = 1'000'000;
 enum class SyncState { kSyncing, kCompleted, kFailed };
 
 // Calls visit(i) for i in [first, last) while it returns true, having started to load the index
-// slot of key(i + kAhead): on a large table each key is a likely cache miss.
+// bucket of key(i + kAhead): on a large table each key is a likely cache miss.
 template <class Key, class Visit>
 void visit_prefetched(const KvIndex& index, std::size_t first, std::size_t last, Key&& key,
                       Visit&& visit) {

@@ -317,6 +317,32 @@ bool decode_tuple_body(DecodeContext& ctx, std::uint32_t count, S& out, const Pa
 
 // ---- Containers ----
 
+// msgspec writes a KVOpEvent as {"op_type": "admit"|"evict", "key": int, "seq_num": int}, in
+// that order, and a batch carries a thousand of them: this reads exactly that shape with a few
+// compares. Any other shape (order, extra fields, a bad value) consumes nothing and returns false;
+// the general decoder then reads it, with its error texts.
+inline bool read_kv_op_fast(MsgpackReader& r, KVOpEvent& out) {
+  const std::size_t start = r.offset();
+  constexpr std::string_view kAdmit = "\x83\xa7op_type\xa5" "admit\xa3key";
+  constexpr std::string_view kEvict = "\x83\xa7op_type\xa5" "evict\xa3key";
+  static_assert(kAdmit.size() == 19 && kEvict.size() == 19);
+  if (r.skip_literal(kAdmit))
+    out.op_type = OpType::kAdmit;
+  else if (r.skip_literal(kEvict))
+    out.op_type = OpType::kEvict;
+  else
+    return false;
+  WideInt seq;
+  if (r.read_int(out.key) && r.skip_literal("\xa7seq_num") && r.read_int(seq)) {
+    if (const auto v = seq.as_int64()) {
+      out.seq_num = *v;
+      return true;
+    }
+  }
+  r.seek(start);
+  return false;
+}
+
 template <class T>
 bool decode_vector(DecodeContext& ctx, std::uint32_t count, std::vector<T>& out,
                    const PathNode& at) {
@@ -324,8 +350,13 @@ bool decode_vector(DecodeContext& ctx, std::uint32_t count, std::vector<T>& out,
   out.clear();
   out.reserve(std::min<std::size_t>(count, ctx.reader.remaining() / min_wire_size<T>()));
   for (std::uint32_t i = 0; i < count; ++i) {
-    if (!decode_value(ctx, out.emplace_back(), PathNode{&at, PathNode::Kind::kIndex, {}, i}))
-      return false;
+    T& item = out.emplace_back();
+    if constexpr (std::is_same_v<T, KVOpEvent>) {
+      if (read_kv_op_fast(ctx.reader, item)) continue;
+    } else if constexpr (std::is_same_v<T, WideInt>) {  // chunk hash lists: any int is fine
+      if (ctx.reader.read_int(item)) continue;
+    }
+    if (!decode_value(ctx, item, PathNode{&at, PathNode::Kind::kIndex, {}, i})) return false;
   }
   ctx.leave();
   return true;

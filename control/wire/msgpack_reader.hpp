@@ -87,6 +87,38 @@ class MsgpackReader {
 
   const std::string& error() const { return error_; }
 
+  // For fast paths over fixed-shape data: each consumes input only when it matches, and a
+  // mismatch sets no error, so the caller can seek back and decode the general way.
+  // Consumes `bytes` if the input goes on with exactly them.
+  bool skip_literal(std::string_view bytes) {
+    if (remaining() < bytes.size() || std::memcmp(p_, bytes.data(), bytes.size()) != 0) return false;
+    p_ += bytes.size();
+    return true;
+  }
+  // Reads an int item of any width into out.
+  bool read_int(WideInt& out) {
+    if (p_ == end_) return false;
+    const std::uint8_t b = *p_;
+    if (b <= 0x7f || b >= 0xe0) {  // positive or negative fixint: the byte is the value
+      out = WideInt(static_cast<std::int64_t>(static_cast<std::int8_t>(b)));
+      ++p_;
+      return true;
+    }
+    if (b < 0xcc || b > 0xd3) return false;
+    const std::size_t n = std::size_t{1} << ((b - 0xcc) & 3);  // 1, 2, 4 or 8 bytes
+    if (remaining() < 1 + n) return false;
+    std::uint64_t v = 0;
+    for (std::size_t i = 1; i <= n; ++i) v = (v << 8) | p_[i];
+    p_ += 1 + n;
+    if (b <= 0xcf) {
+      out = WideInt::from_unsigned(v);
+    } else {  // sign-extend from n bytes
+      const unsigned shift = static_cast<unsigned>(64 - 8 * n);
+      out = WideInt(static_cast<std::int64_t>(v << shift) >> shift);
+    }
+    return true;
+  }
+
  private:
   [[gnu::noinline]] bool next_slow(Item& it) {
     if (p_ == end_) return truncated();

@@ -196,6 +196,51 @@ TEST(Decoding, TagMayComeAnywhereAndUnknownKeysAreSkipped) {
   EXPECT_EQ(std::get<ErrorMsg>(*r).error, "boom");
 }
 
+// KV events take a fast path when they have msgspec's exact shape; every other shape must decode
+// (or fail) exactly as the general decoder says, element by element.
+TEST(Decoding, KvEventsOfAnyShapeDecodeAlikeAndFailWithTheirPath) {
+  BatchedKVOperationMsg batch{"i", 1, "L", {}};
+  // Every msgpack int width, both signs, for key and seq_num; 2^64-1 only where ints may be.
+  const std::int64_t ints[] = {0, 1, 127, 128, 255, 256, 65535, 65536, -1, -32, -33, -128, -129,
+                               -32768, -32769, INT32_MIN, INT32_MAX, 1ll << 40, INT64_MIN,
+                               INT64_MAX};
+  for (const std::int64_t v : ints)
+    batch.operations.push_back({v % 2 ? OpType::kAdmit : OpType::kEvict, ChunkHash(v), v});
+  batch.operations.push_back({OpType::kAdmit, ChunkHash::from_unsigned(~0ull), 7});
+  auto r = decode(encode(Msg{batch}));
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(std::get<BatchedKVOperationMsg>(*r), batch);
+
+  // Fields reordered, an extra field, and the fast shape around them: all decoded.
+  auto mixed = decode(msgpack_of(
+      R"({"type":"BatchedKVOperationMsg","instance_id":"i","worker_id":1,"location":"L","operations":[)"
+      R"({"op_type":"admit","key":5,"seq_num":1},{"seq_num":2,"key":-6,"op_type":"evict"},)"
+      R"({"op_type":"admit","key":7,"seq_num":3,"extra":[1]},{"op_type":"evict","key":8,"seq_num":4}]})"));
+  ASSERT_TRUE(mixed.ok()) << mixed.error().message;
+  const auto& ops = std::get<BatchedKVOperationMsg>(*mixed).operations;
+  ASSERT_EQ(ops.size(), 4u);
+  EXPECT_EQ(ops[1], (KVOpEvent{OpType::kEvict, ChunkHash(-6), 2}));
+  EXPECT_EQ(ops[2], (KVOpEvent{OpType::kAdmit, ChunkHash(7), 3}));
+  EXPECT_EQ(ops[3], (KVOpEvent{OpType::kEvict, ChunkHash(8), 4}));
+
+  // Bad values after a fast-path prefix are reported by the general decoder with their path.
+  const std::string head =
+      R"({"type":"BatchedKVOperationMsg","instance_id":"i","worker_id":1,"location":"L","operations":[)"
+      R"({"op_type":"admit","key":5,"seq_num":1},)";
+  EXPECT_EQ(error_of(msgpack_of(head + R"({"op_type":"admit","key":5,"seq_num":18446744073709551615}]})")),
+            "Expected `int` <= 9223372036854775807 - at `$.operations[1].seq_num`");
+  EXPECT_EQ(error_of(msgpack_of(head + R"({"op_type":"admit","key":"5","seq_num":1}]})")),
+            "Expected `int`, got `str` - at `$.operations[1].key`");
+  EXPECT_EQ(error_of(msgpack_of(head + R"({"op_type":"admits","key":5,"seq_num":1}]})")),
+            "Invalid enum value 'admits' - at `$.operations[1].op_type`");
+  EXPECT_EQ(error_of(msgpack_of(head + R"({"op_type":"admit","key":5}]})")),
+            "Object missing required field `seq_num` - at `$.operations[1]`");
+  // Cut inside the int that follows a matched prefix.
+  std::string cut = encode(Msg{BatchedKVOperationMsg{"i", 1, "L", {{OpType::kAdmit, ChunkHash(1ll << 40), 1}}}});
+  cut.resize(cut.size() - 12);
+  EXPECT_EQ(error_of(cut), "Input data was truncated");
+}
+
 TEST(Encoding, DefaultsAreAlwaysWritten) {
   Msg m = MoveMsg{"e", {"A", "LocalCPUBackend"}, {"B", "LocalCPUBackend"}, std::nullopt, false};
   auto back = to_builtins(m);

@@ -1,14 +1,19 @@
 // The reverse KV index: which holders have which chunk. A holder is one (worker, location) key
-// set; an entry is one (chunk hash, holder) pair. Open addressing with linear probing over one
-// flat array of 12-byte slots (hash bits and tag side by side, so a probe step is one cache
-// miss), load kept between 3/8 and 3/4: a pair costs 16-32 bytes and admit, evict and membership
-// are O(1). All holders of a chunk probe from the same home slot, so "who holds h" is one short
-// scan. Slots are placed by a seeded mix of the hash, so chosen hashes cannot pile up in one run.
+// set; an entry is one (chunk hash, holder) pair. The table is an array of 64-byte buckets, each
+// one cache line holding 5 entries and an overflow count (how many entries passed over the bucket
+// because it was full). A pair lives in its home bucket or, when that is full, in the first
+// following bucket with room; a search scans buckets until one that nothing overflowed. So admit,
+// evict and membership touch about one cache line at any load up to 4/5, and an evict simply
+// empties its slot and decrements the counts it had raised: no tombstones, so a cache that evicts
+// as much as it admits never pays a rebuild (F14's scheme; linear probing with tombstones rebuilt
+// the whole table every few million such ops, and slowed sharply near its maximum load).
+// All holders of a chunk start from one home bucket, so "who holds h" is one short scan. Homes
+// come from a seeded mix of the hash, so chosen hashes cannot pile up in one bucket.
 // Growth is incremental, so no single call pays for a whole rehash (at 10 M entries that held the
-// registry's lock for 0.7 s). From 5/8 load the next table is mapped (zeroed by the kernel, on
+// registry's lock for 0.7 s). From 3/5 load the next table is mapped (zeroed by the kernel, on
 // huge pages where offered: a table of hundreds of MB probed at random needs them) and faulted in
-// a page every so many inserts; at 3/4 load it takes over, and every later insert or erase moves
-// a few slots of the old table, whose drained pages go back to the kernel as it goes.
+// a page every so many inserts; at 4/5 load it takes over, and every later insert or erase moves
+// one bucket of the old table, whose drained pages go back to the kernel as it goes.
 // Dropping a whole holder (re-registration, deregistration, full sync) is O(1): the holder is
 // retired and its entries count as deleted until the next rehash reclaims them.
 #pragma once
@@ -37,20 +42,23 @@ class KvIndex {
   bool insert(ChunkHash hash, HolderId holder);  // true when the pair was new
   bool erase(ChunkHash hash, HolderId holder);   // true when the pair was present
   bool contains(ChunkHash hash, HolderId holder) const;
-  // Starts loading the hash's home slot; batch appliers call it a few ops ahead.
+  // Starts loading the hash's home bucket; batch appliers call it a few ops ahead.
   void prefetch(ChunkHash hash) const;
 
   // Calls f(holder) for each live holder of the hash.
   template <class F>
   void for_each_holder(ChunkHash hash, F&& f) const {
-    const std::uint32_t want = tag_bits(hash);
+    const std::uint32_t sign = tag_bits(hash);
     auto visit = [&](const Table& t, std::size_t from) {
-      if (t.capacity == 0) return;
-      for (std::size_t i = home(hash, t);; i = (i + 1) & t.mask) {
-        const Slot& s = t.slots[i];
-        if (s.tag == kEmpty) return;
-        if (i >= from && s.key == hash.bits() && (s.tag & kNegative) == want && is_live(s.tag))
-          f(holder_of(s.tag));
+      if (t.buckets_n == 0) return;
+      for (std::size_t b = home(hash, t);; b = (b + 1) & t.mask) {
+        const Bucket& k = t.buckets[b];
+        if (b >= from)
+          for (std::size_t j = 0; j < kBucketSlots; ++j)
+            if (k.keys[j] == hash.bits() && k.tags[j] != kEmpty &&
+                (k.tags[j] & kNegative) == sign && is_live(k.tags[j]))
+              f(holder_of(k.tags[j]));
+        if (k.overflow == 0) return;
       }
     };
     visit(cur_, 0);
@@ -59,7 +67,7 @@ class KvIndex {
 
   std::size_t holder_size(HolderId holder) const;  // live entries of the holder
   std::size_t size() const { return live_; }       // live entries in all
-  std::size_t capacity() const { return cur_.capacity; }
+  std::size_t capacity() const { return cur_.slots(); }  // entries the table has room for
   std::size_t memory_bytes() const;                // slot tables plus holder table
 
  private:
@@ -68,12 +76,15 @@ class KvIndex {
   static constexpr std::uint32_t kNegative = 0x80000000u;  // sign of the hash
   static constexpr HolderId kMaxHolders = 0x7FFFFFFDu;
 
-  // tag: 0 empty; else (holder + 1) | sign bit; or tombstone. Packed to 12 bytes: a misaligned
-  // 8-byte load costs nothing measurable on x86-64 and aarch64, a third more slots per line does.
-  struct __attribute__((packed)) Slot {
-    std::uint64_t key;
-    std::uint32_t tag;
+  // tag: 0 empty; else (holder + 1) | sign bit; or tombstone (an erased entry of the old table,
+  // which is only drained). Keys and tags of a bucket side by side: one cache line in all.
+  static constexpr std::size_t kBucketSlots = 5;
+  struct alignas(64) Bucket {
+    std::uint64_t keys[kBucketSlots];
+    std::uint32_t tags[kBucketSlots];
+    std::uint32_t overflow;  // entries stored past this bucket whose search passes it
   };
+  static_assert(sizeof(Bucket) == 64);
   // Anonymous memory mapped for one table and unmapped with it.
   class Mapping {
    public:
@@ -96,9 +107,16 @@ class KvIndex {
   };
   struct Table {
     Mapping memory;
-    Slot* slots = nullptr;
-    std::size_t capacity = 0;
+    Bucket* buckets = nullptr;
+    std::size_t buckets_n = 0;  // a power of two
     std::size_t mask = 0;
+    std::size_t slots() const { return buckets_n * kBucketSlots; }
+  };
+  // Where a pair lives: bucket and slot; found() false when absent.
+  struct Place {
+    Bucket* bucket = nullptr;
+    std::size_t slot = 0;
+    bool found() const { return bucket != nullptr; }
   };
 
   static std::uint32_t tag_bits(ChunkHash h) { return h.negative() ? kNegative : 0; }
@@ -107,17 +125,21 @@ class KvIndex {
     const std::uint32_t t = tag & ~kNegative;
     return t != kTombstone && holders_[t - 1].live;
   }
-  std::size_t home(ChunkHash h, const Table& t) const;
-  bool migrating() const { return old_.capacity != 0; }
-  // The slot holding the pair, or nullptr; searches the unmoved part of the old table too.
-  Slot* find(ChunkHash hash, std::uint32_t want) const;
-  static Table make_table(std::size_t capacity, bool huge_pages);
-  std::size_t target_capacity() const;  // for the next rehash, from the live count
-  void prepare_next();                  // maps and faults in next_ from 5/8 load
+  std::size_t home(ChunkHash h, const Table& t) const;  // the home bucket
+  bool migrating() const { return old_.buckets_n != 0; }
+  // The pair's place in table t, searching only buckets from `from` on (moved ones are below).
+  Place find_in(const Table& t, ChunkHash hash, std::uint32_t want, std::size_t from) const;
+  static Table make_table(std::size_t buckets, bool huge_pages);
+  std::size_t target_buckets() const;  // for the next rehash, from the live count
+  void prepare_next();                 // maps and faults in next_ from 3/5 load
   void reserve_for_insert();
   void start_rehash(Table fresh);
-  void migrate(std::size_t slots);  // moves up to `slots` old slots into cur_
-  void place(const Slot& s);        // into cur_, known absent
+  void migrate(std::size_t buckets);  // moves up to `buckets` old buckets into cur_
+  // Stores the entry in cur_ (known absent): the first bucket from its home with room.
+  void place(std::uint64_t key, std::uint32_t tag, std::size_t home_bucket);
+  // Fills the free slot of cur_'s bucket with an entry that passed over it, if any, repeatedly.
+  void refill(std::size_t bucket, std::size_t slot);
+  static ChunkHash hash_of(std::uint64_t key, std::uint32_t tag);
 
   struct HolderState {
     std::uint32_t size = 0;
@@ -129,9 +151,9 @@ class KvIndex {
   Table old_;             // being drained while migrating(); empty otherwise
   Table next_;            // being faulted in before it takes over; empty otherwise
   std::size_t next_from_used_ = 0;  // used_ when next_ was mapped
-  std::size_t cursor_ = 0;  // old_ slots below it have been moved
-  std::size_t last_empty_ = 0;  // an empty old_ slot below cursor_: no probe run crosses it
-  std::size_t used_ = 0;    // non-empty slots of cur_: live, tombstones, retired holders' entries
+  std::size_t cursor_ = 0;  // old_ buckets below it have been moved
+  std::size_t last_clear_ = 0;  // a moved old_ bucket nothing overflowed: no search crosses it
+  std::size_t used_ = 0;    // non-empty slots of cur_: live and retired holders' entries
   std::size_t live_ = 0;
   std::vector<HolderState> holders_;
   std::vector<HolderId> free_holders_;      // reusable now
