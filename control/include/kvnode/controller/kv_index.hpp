@@ -3,17 +3,18 @@
 // one cache line holding 5 entries and an overflow count (how many entries passed over the bucket
 // because it was full). A pair lives in its home bucket or, when that is full, in the first
 // following bucket with room; a search scans buckets until one that nothing overflowed. So admit,
-// evict and membership touch about one cache line at any load up to 4/5, and an evict simply
-// empties its slot and decrements the counts it had raised: no tombstones, so a cache that evicts
-// as much as it admits never pays a rebuild (F14's scheme; linear probing with tombstones rebuilt
-// the whole table every few million such ops, and slowed sharply near its maximum load).
+// evict and membership touch about one cache line at any load up to 4/5. An evict empties its
+// slot, lowers the counts it had raised, and moves back into the bucket the nearest entry that
+// overflowed past it: no tombstones and no drift, so a cache that evicts as much as it admits
+// never pays a rebuild (F14's scheme; linear probing with tombstones rebuilt the whole table every
+// few million such ops, and slowed sharply near its maximum load).
 // All holders of a chunk start from one home bucket, so "who holds h" is one short scan. Homes
 // come from a seeded mix of the hash, so chosen hashes cannot pile up in one bucket.
 // Growth is incremental, so no single call pays for a whole rehash (at 10 M entries that held the
 // registry's lock for 0.7 s). From 3/5 load the next table is mapped (zeroed by the kernel, on
 // huge pages where offered: a table of hundreds of MB probed at random needs them) and faulted in
 // a page every so many inserts; at 4/5 load it takes over, and every later insert or erase moves
-// one bucket of the old table, whose drained pages go back to the kernel as it goes.
+// two buckets of the old table, whose drained pages go back to the kernel as it goes.
 // Dropping a whole holder (re-registration, deregistration, full sync) is O(1): the holder is
 // retired and its entries count as deleted until the next rehash reclaims them.
 #pragma once
