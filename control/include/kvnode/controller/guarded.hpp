@@ -3,7 +3,10 @@
 // exclusively for one short step at a time (ingest applies a batch in slices).
 // Readers come first: a reader that finds the lock taken spins for a few microseconds (a
 // writer's step is shorter than a thread wake-up on a busy machine) before it sleeps, and a
-// writer lets announced readers in before it takes the lock again.
+// writer lets announced readers in before it takes the lock again. Spinning yields the CPU every
+// microsecond or two: with more busy threads than cores the thread being waited for may be
+// queued behind the spinner on its own CPU (measured on 2 cores: lookups under ingest met
+// p50 <= 1.3x a bare echo in 9 of 12 cases with the yield, 5 of 12 with a plain spin).
 #pragma once
 
 #include <atomic>
@@ -51,7 +54,10 @@ class Guarded {
       __builtin_ia32_pause();
 #endif
       if (done()) return true;
-      if (i % 64 == 0 && std::chrono::steady_clock::now() > until) return false;
+      if (i % 64 == 0) {
+        if (std::chrono::steady_clock::now() > until) return false;
+        std::this_thread::yield();
+      }
     }
   }
 
