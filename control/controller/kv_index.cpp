@@ -139,14 +139,9 @@ void KvIndex::retire_holder(HolderId holder) {
 
 KvIndex::Place KvIndex::find_in(const Table& t, ChunkHash hash, std::uint32_t want,
                                 std::size_t from) const {
-  if (t.buckets_n == 0) return {};
-  for (std::size_t b = home(hash, t);; b = (b + 1) & t.mask) {
-    Bucket& k = t.buckets[b];
-    if (b >= from)
-      for (std::size_t j = 0; j < kBucketSlots; ++j)
-        if (k.tags[j] == want && k.keys[j] == hash.bits()) return {&k, j};
-    if (k.overflow == 0) return {};
-  }
+  return walk(t, hash, from, [&](const Bucket& k, std::size_t j) {
+    return k.tags[j] == want && k.keys[j] == hash.bits();
+  });
 }
 
 bool KvIndex::contains(ChunkHash hash, HolderId holder) const {
@@ -166,10 +161,10 @@ bool KvIndex::insert(ChunkHash hash, HolderId holder) {
   if (!holders_.at(holder).live) return false;
   reserve_for_insert();
   const std::uint32_t want = (holder + 1) | tag_bits(hash);
-  const std::size_t h = home(hash, cur_);
-  if (find_in(cur_, hash, want, 0).found()) return false;
+  const Place p = find_in(cur_, hash, want, 0);
+  if (p.found()) return false;
   if (migrating() && find_in(old_, hash, want, cursor_).found()) return false;
-  place(hash.bits(), want, h);
+  place(hash.bits(), want, p.home);
   ++live_;
   ++holders_[holder].size;
   if (migrating())
@@ -202,7 +197,7 @@ bool KvIndex::erase(ChunkHash hash, HolderId holder) {
     p.bucket->tags[p.slot] = kEmpty;
     // Lower the counts the insert raised on the full buckets it passed.
     const std::size_t at = static_cast<std::size_t>(p.bucket - cur_.buckets);
-    for (std::size_t b = home(hash, cur_); b != at; b = (b + 1) & cur_.mask)
+    for (std::size_t b = p.home; b != at; b = (b + 1) & cur_.mask)
       --cur_.buckets[b].overflow;
     --used_;
     refill(at, p.slot);
@@ -223,26 +218,31 @@ bool KvIndex::erase(ChunkHash hash, HolderId holder) {
 // as it evicts made every search a little longer with each million ops.
 void KvIndex::refill(std::size_t bucket, std::size_t slot) {
   while (cur_.buckets[bucket].overflow > 0) {
-    bool moved = false;
-    for (std::size_t c = (bucket + 1) & cur_.mask; !moved && c != bucket; c = (c + 1) & cur_.mask) {
-      Bucket& k = cur_.buckets[c];
-      for (std::size_t j = 0; j < kBucketSlots && !moved; ++j) {
-        if (k.tags[j] == kEmpty) continue;
-        const std::size_t h = home(hash_of(k.keys[j], k.tags[j]), cur_);
-        if (((bucket - h) & cur_.mask) >= ((c - h) & cur_.mask)) continue;  // does not pass it
-        Bucket& to = cur_.buckets[bucket];
-        to.keys[slot] = k.keys[j];
-        to.tags[slot] = k.tags[j];
-        k.keys[j] = 0;
-        k.tags[j] = kEmpty;
-        for (std::size_t b = bucket; b != c; b = (b + 1) & cur_.mask) --cur_.buckets[b].overflow;
-        bucket = c;
-        slot = j;
-        moved = true;
-      }
-    }
-    if (!moved) return;  // counts and contents disagree: cannot happen; never loop forever
+    const Place from = nearest_passing(bucket);
+    if (!from.found()) return;  // counts and contents disagree: cannot happen; never loop forever
+    Bucket& to = cur_.buckets[bucket];
+    to.keys[slot] = from.bucket->keys[from.slot];
+    to.tags[slot] = from.bucket->tags[from.slot];
+    from.bucket->keys[from.slot] = 0;
+    from.bucket->tags[from.slot] = kEmpty;
+    const auto c = static_cast<std::size_t>(from.bucket - cur_.buckets);
+    for (std::size_t b = bucket; b != c; b = (b + 1) & cur_.mask) --cur_.buckets[b].overflow;
+    bucket = c;
+    slot = from.slot;
   }
+}
+
+KvIndex::Place KvIndex::nearest_passing(std::size_t bucket) const {
+  for (std::size_t c = (bucket + 1) & cur_.mask; c != bucket; c = (c + 1) & cur_.mask) {
+    Bucket& k = cur_.buckets[c];
+    for (std::size_t j = 0; j < kBucketSlots; ++j) {
+      if (k.tags[j] == kEmpty) continue;
+      const std::size_t h = home(hash_of(k.keys[j], k.tags[j]), cur_);
+      // Its search passes the bucket when the bucket lies between its home and where it is.
+      if (((bucket - h) & cur_.mask) < ((c - h) & cur_.mask)) return {&k, j, h};
+    }
+  }
+  return {};
 }
 
 std::size_t KvIndex::holder_size(HolderId holder) const {
@@ -290,8 +290,9 @@ void KvIndex::prepare_next() {
 void KvIndex::reserve_for_insert() {
   // Keep non-empty slots (live + dead) at most 4/5 of the table so searches stay in one bucket.
   if (cur_.buckets_n != 0 && !above_max_load(used_ + 1, cur_.slots())) return;
-  if (migrating()) migrate(old_.buckets_n);  // cannot happen at kMigrateStep; stay correct anyway
-  if (cur_.buckets_n != 0 && !above_max_load(used_ + 1, cur_.slots())) return;
+  // A rehash still running here cannot happen at kMigrateStep; stay correct anyway. Finishing it
+  // only adds to used_, so the table is still too full afterwards.
+  if (migrating()) migrate(old_.buckets_n);
   const std::size_t wanted = target_buckets();
   if (next_.buckets_n == wanted) {
     next_.memory.populate_below(wanted * sizeof(Bucket));

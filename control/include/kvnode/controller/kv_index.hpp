@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "kvnode/wire/wide_int.hpp"
@@ -50,20 +51,14 @@ class KvIndex {
   template <class F>
   void for_each_holder(ChunkHash hash, F&& f) const {
     const std::uint32_t sign = tag_bits(hash);
-    auto visit = [&](const Table& t, std::size_t from) {
-      if (t.buckets_n == 0) return;
-      for (std::size_t b = home(hash, t);; b = (b + 1) & t.mask) {
-        const Bucket& k = t.buckets[b];
-        if (b >= from)
-          for (std::size_t j = 0; j < kBucketSlots; ++j)
-            if (k.keys[j] == hash.bits() && k.tags[j] != kEmpty &&
-                (k.tags[j] & kNegative) == sign && is_live(k.tags[j]))
-              f(holder_of(k.tags[j]));
-        if (k.overflow == 0) return;
-      }
+    auto visit = [&](const Bucket& k, std::size_t j) {
+      if (k.keys[j] == hash.bits() && k.tags[j] != kEmpty && (k.tags[j] & kNegative) == sign &&
+          is_live(k.tags[j]))
+        f(holder_of(k.tags[j]));
+      return false;
     };
-    visit(cur_, 0);
-    if (migrating()) visit(old_, cursor_);
+    walk(cur_, hash, 0, visit);
+    if (migrating()) walk(old_, hash, cursor_, visit);
   }
 
   std::size_t holder_size(HolderId holder) const;  // live entries of the holder
@@ -113,10 +108,11 @@ class KvIndex {
     std::size_t mask = 0;
     std::size_t slots() const { return buckets_n * kBucketSlots; }
   };
-  // Where a pair lives: bucket and slot; found() false when absent.
+  // Where a pair lives: bucket and slot, found() false when absent; and its home bucket.
   struct Place {
     Bucket* bucket = nullptr;
     std::size_t slot = 0;
+    std::size_t home = 0;
     bool found() const { return bucket != nullptr; }
   };
 
@@ -128,7 +124,22 @@ class KvIndex {
   }
   std::size_t home(ChunkHash h, const Table& t) const;  // the home bucket
   bool migrating() const { return old_.buckets_n != 0; }
-  // The pair's place in table t, searching only buckets from `from` on (moved ones are below).
+  // A search for the hash in table t: from its home bucket until one that nothing overflowed,
+  // calling stop(bucket, slot) on each slot of the buckets from `from` on (moved ones are below)
+  // until it returns true. Returns the home bucket and where it stopped (not found() if nowhere).
+  template <class Stop>
+  Place walk(const Table& t, ChunkHash hash, std::size_t from, Stop&& stop) const {
+    if (t.buckets_n == 0) return {};
+    const std::size_t h = home(hash, t);
+    for (std::size_t b = h;; b = (b + 1) & t.mask) {
+      Bucket& k = t.buckets[b];
+      if (b >= from)
+        for (std::size_t j = 0; j < kBucketSlots; ++j)
+          if (stop(std::as_const(k), j)) return {&k, j, h};
+      if (k.overflow == 0) return {nullptr, 0, h};
+    }
+  }
+  // The pair's place in table t (see walk).
   Place find_in(const Table& t, ChunkHash hash, std::uint32_t want, std::size_t from) const;
   static Table make_table(std::size_t buckets, bool huge_pages);
   std::size_t target_buckets() const;  // for the next rehash, from the live count
@@ -140,6 +151,8 @@ class KvIndex {
   void place(std::uint64_t key, std::uint32_t tag, std::size_t home_bucket);
   // Fills the free slot of cur_'s bucket with an entry that passed over it, if any, repeatedly.
   void refill(std::size_t bucket, std::size_t slot);
+  // The entry of cur_ nearest after the bucket whose search passes over it; not found() if none.
+  Place nearest_passing(std::size_t bucket) const;
   static ChunkHash hash_of(std::uint64_t key, std::uint32_t tag);
 
   struct HolderState {
