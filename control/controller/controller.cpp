@@ -23,6 +23,7 @@
 #include "kvnode/controller/http_api.hpp"
 #include "kvnode/controller/orchestrator.hpp"
 #include "request_handler.hpp"
+#include "thread_name.hpp"
 
 namespace kvnode::controller {
 namespace {
@@ -117,6 +118,7 @@ class OrchestratorQueue {
 
  private:
   void run() {
+    name_this_thread("kvc/orchestrate");
     std::unique_lock lock(mutex_);
     while (true) {
       cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
@@ -210,6 +212,7 @@ struct Controller::Impl {
     // Requests before ingest: on busy cores the scheduler should run a ROUTER thread with a
     // waiting lookup before this one (raising one's own nice value needs no privilege). Tried
     // and measured worse: serving the reply ROUTER from this thread between slices.
+    name_this_thread("kvc/ingest");
     if (setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), kIngestNice) != 0)
       spdlog::debug("could not lower the ingest thread's priority: {}", std::strerror(errno));
     std::vector<zmq::pollitem_t> items;
@@ -237,6 +240,7 @@ struct Controller::Impl {
   void router_loop(zmq::socket_t socket, RouterKind kind, RequestHandler handler) {
     // A blocking receive with a timeout, like a bare ZMQ server: polling first would cost a
     // poll and a failed receive per request, about a quarter of the CPU heartbeats take.
+    name_this_thread(kind == RouterKind::kReply ? "kvc/reply" : "kvc/heartbeat");
     socket.set(zmq::sockopt::rcvtimeo, static_cast<int>(kPollInterval.count()));
     std::vector<zmq::message_t> frames;
     while (!stopping.load(std::memory_order_relaxed))
@@ -244,6 +248,7 @@ struct Controller::Impl {
   }
 
   void housekeeping_loop() {
+    name_this_thread("kvc/housekeep");
     const double interval = config.health_check_interval;
     double next_reap = epoch_seconds() + interval;
     std::unique_lock lock(stop_mutex);

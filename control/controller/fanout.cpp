@@ -23,6 +23,8 @@
 #include <utility>
 #include <variant>
 
+#include "thread_name.hpp"
+
 namespace kvnode::controller {
 namespace {
 
@@ -467,7 +469,10 @@ class Executor {
 
 struct FanOut::Impl {
   Impl(zmq::context_t& ctx, const FanOutOptions& options)
-      : thread([this, &ctx, options] { Executor(ctx, options, shared).run(); }) {}
+      : thread([this, &ctx, options] {
+          name_this_thread("kvc/fanout");
+          Executor(ctx, options, shared).run();
+        }) {}
 
   ~Impl() {
     {

@@ -11,6 +11,7 @@
 #include "http_json.hpp"
 #include "kvnode/wire/json.hpp"
 #include "orch_uuid.hpp"
+#include "thread_name.hpp"
 
 namespace kvnode::controller {
 
@@ -327,6 +328,7 @@ Result<int> HttpApi::start(const std::string& host, int port) {
                  " (address in use or not local?)"};
   s.listen_returned = false;
   s.thread = std::thread([&s] {
+    name_this_thread("kvc/http");  // and the request pool it starts
     s.server.listen_after_bind();
     s.listen_returned = true;
   });
