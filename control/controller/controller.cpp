@@ -209,10 +209,10 @@ struct Controller::Impl {
   }
 
   void pull_loop(std::vector<zmq::socket_t> sockets, RequestHandler handler) {
+    name_this_thread("kvc/ingest");
     // Requests before ingest: on busy cores the scheduler should run a ROUTER thread with a
     // waiting lookup before this one (raising one's own nice value needs no privilege). Tried
     // and measured worse: serving the reply ROUTER from this thread between slices.
-    name_this_thread("kvc/ingest");
     if (setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), kIngestNice) != 0)
       spdlog::debug("could not lower the ingest thread's priority: {}", std::strerror(errno));
     std::vector<zmq::pollitem_t> items;

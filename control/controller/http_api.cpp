@@ -19,11 +19,10 @@ namespace {
 
 using http::Json;
 
-// Bounds that keep one client from tying up the server: the largest body (a 128k-token lookup
-// is about 1 MB of JSON), handler threads (a fan-out blocks one for up to its deadline), and how
-// long a slow client may take to send or read.
+// Bounds that keep one client from tying up the server (with HttpApi::kHandlerThreads): the
+// largest body (a 128k-token lookup is about 1 MB of JSON) and how long a slow client may take
+// to send or read.
 constexpr std::size_t kMaxBodyBytes = 64u << 20;
-constexpr std::size_t kThreads = 8;
 constexpr time_t kIoTimeoutSeconds = 10;
 constexpr time_t kKeepAliveSeconds = 2;  // also bounds how long stop() waits for idle clients
 constexpr auto kStartTimeout = std::chrono::seconds(5);
@@ -96,7 +95,7 @@ struct HttpApi::Impl {
 
   void configure() {
     // httplib takes ownership of the queue it gets from this factory.
-    server.new_task_queue = [] { return new httplib::ThreadPool(kThreads); };
+    server.new_task_queue = [] { return new httplib::ThreadPool(HttpApi::kHandlerThreads); };
     server.set_payload_max_length(kMaxBodyBytes);
     server.set_read_timeout(kIoTimeoutSeconds, 0);
     server.set_write_timeout(kIoTimeoutSeconds, 0);

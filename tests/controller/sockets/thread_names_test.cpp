@@ -6,6 +6,7 @@
 #include <fstream>
 #include <map>
 
+#include "kvnode/controller/http_api.hpp"
 #include "zmq_peers.hpp"
 
 namespace kvnode::test {
@@ -24,10 +25,11 @@ std::map<std::string, int> thread_names() {
 TEST(ControllerThreads, EachLoopIsNamedForItsJob) {
   auto ctl = start_controller();
   ASSERT_TRUE(ctl);
-  const std::map<std::string, int> expected = {{"kvc/ingest", 1},    {"kvc/reply", 1},
-                                               {"kvc/heartbeat", 1}, {"kvc/housekeep", 1},
+  constexpr int kHttp = 1 + static_cast<int>(controller::HttpApi::kHandlerThreads);  // + listener
+  const std::map<std::string, int> expected = {{"kvc/ingest", 1},      {"kvc/reply", 1},
+                                               {"kvc/heartbeat", 1},   {"kvc/housekeep", 1},
                                                {"kvc/orchestrate", 1}, {"kvc/fanout", 1},
-                                               {"kvc/http", 1 + 8}};  // listener + pool
+                                               {"kvc/http", kHttp}};
   auto named = [&] {
     auto names = thread_names();
     for (const auto& [name, n] : expected)

@@ -5,6 +5,7 @@
 // and 504 for a missed deadline.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <string>
 
@@ -18,6 +19,9 @@ namespace kvnode::controller {
 
 class HttpApi {
  public:
+  // Requests served at once: a fan-out blocks its handler thread for up to its deadline.
+  static constexpr std::size_t kHandlerThreads = 8;
+
   HttpApi(Orchestrator& orchestrator, const Guarded<Registry>& registry, Metrics& metrics);
   ~HttpApi();  // stops the server
 
