@@ -105,10 +105,10 @@ class MsgpackReader {
       return true;
     }
     if (b < 0xcc || b > 0xd3) return false;
-    const std::size_t n = std::size_t{1} << ((b - 0xcc) & 3);  // 1, 2, 4 or 8 bytes
+    const unsigned width_log2 = (b - 0xcc) & 3;  // 1, 2, 4 or 8 bytes
+    const std::size_t n = std::size_t{1} << width_log2;
     if (remaining() < 1 + n) return false;
-    std::uint64_t v = 0;
-    for (std::size_t i = 1; i <= n; ++i) v = (v << 8) | p_[i];
+    const std::uint64_t v = read_big_endian(p_ + 1, width_log2);
     p_ += 1 + n;
     if (b <= 0xcf) {
       out = WideInt::from_unsigned(v);
@@ -120,6 +120,28 @@ class MsgpackReader {
   }
 
  private:
+  // One load per width instead of a byte loop: chunk hashes are 8-byte ints, a thousand a message.
+  static std::uint64_t read_big_endian(const std::uint8_t* p, unsigned width_log2) {
+    switch (width_log2) {
+      case 0: return p[0];
+      case 1: return load_be<std::uint16_t>(p);
+      case 2: return load_be<std::uint32_t>(p);
+      default: return load_be<std::uint64_t>(p);
+    }
+  }
+  template <class U>
+  static U load_be(const std::uint8_t* p) {
+    U v;
+    std::memcpy(&v, p, sizeof(U));
+    if constexpr (sizeof(U) == 8)
+      return __builtin_bswap64(v);
+    else if constexpr (sizeof(U) == 4)
+      return __builtin_bswap32(v);
+    else if constexpr (sizeof(U) == 2)
+      return __builtin_bswap16(v);
+    else
+      return v;
+  }
   [[gnu::noinline]] bool next_slow(Item& it) {
     if (p_ == end_) return truncated();
     const std::uint8_t b = *p_++;
@@ -224,14 +246,7 @@ class MsgpackReader {
   template <class U>
   bool read_be(U& out) {
     if (remaining() < sizeof(U)) return truncated();
-    U v;
-    std::memcpy(&v, p_, sizeof(U));
-    if constexpr (sizeof(U) == 8)
-      v = __builtin_bswap64(v);
-    else if constexpr (sizeof(U) == 4)
-      v = __builtin_bswap32(v);
-    else if constexpr (sizeof(U) == 2)
-      v = __builtin_bswap16(v);
+    const U v = load_be<U>(p_);
     p_ += sizeof(U);
     out = v;
     return true;
