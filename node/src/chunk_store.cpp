@@ -180,6 +180,18 @@ bool ChunkStore::remove(ChunkHash hash) {
   return true;
 }
 
+ChunkStore::Removal ChunkStore::remove_or_defer(ChunkHash hash) {
+  std::lock_guard lock(mutex_);
+  const auto it = entries_.find(hash);
+  if (it == entries_.end() || it->second.state != State::kReadable || it->second.pins) return Removal::kRefused;
+  if (frozen_) {
+    remove_when_thawed_.push_back(hash);
+    return Removal::kWhenThawed;
+  }
+  drop(hash, it->second);
+  return Removal::kDone;
+}
+
 std::size_t ChunkStore::clear() {
   std::lock_guard lock(mutex_);
   if (frozen_) return 0;
@@ -193,6 +205,13 @@ std::size_t ChunkStore::clear() {
 void ChunkStore::freeze(bool on) {
   std::lock_guard lock(mutex_);
   frozen_ = on;
+  if (on) return;
+  // Whatever was deferred is still readable (nothing leaves a frozen store) unless pinned since.
+  for (ChunkHash h : remove_when_thawed_) {
+    const auto it = entries_.find(h);
+    if (it != entries_.end() && it->second.state == State::kReadable && !it->second.pins) drop(h, it->second);
+  }
+  remove_when_thawed_.clear();
 }
 
 bool ChunkStore::frozen() const {

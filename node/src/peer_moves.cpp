@@ -295,10 +295,15 @@ MoveResult PeerMoves::move(const std::string& peer_url, const std::vector<std::i
     confirmed.resize(held);
   }
   if (!copy) {
-    std::size_t kept = 0;  // EVICT only the leading run the destination holds
-    for (ChunkHash h : confirmed) kept += store.remove(h) ? 0 : 1;
-    if (kept && store.frozen())
-      spdlog::warn("move to {}: {} chunks stay here too (a full sync runs; they are at both nodes)", peer_url, kept);
+    std::size_t later = 0, kept = 0;  // EVICT only the leading run the destination holds
+    for (ChunkHash h : confirmed) {
+      const ChunkStore::Removal r = store.remove_or_defer(h);
+      later += r == ChunkStore::Removal::kWhenThawed ? 1 : 0;
+      kept += r == ChunkStore::Removal::kRefused ? 1 : 0;
+    }
+    if (later)
+      spdlog::info("move to {}: a full sync runs here; {} moved chunks leave this node when it ends", peer_url, later);
+    if (kept) spdlog::warn("move to {}: {} chunks stay here too (pinned or gone since)", peer_url, kept);
   }
   return out;
 }

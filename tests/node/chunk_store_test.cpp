@@ -91,6 +91,45 @@ TEST(ChunkStore, FrozenTheReadableSetStaysWhatTheSnapshotSays) {
   EXPECT_EQ(store.counters().reserved, 0u);
 }
 
+// A move's source gives up what the destination confirmed. During a full sync the chunks stay
+// (the snapshot says so) and go when it ends; a pin taken meanwhile keeps one.
+TEST(ChunkStore, ARemovalDeferredWhileFrozenHappensWhenTheSyncEnds) {
+  gpu::ChunkPool pool = make_pool(4);
+  Recorder rec;
+  ChunkStore store(pool, "LocalCPUBackend", rec.sink());
+  for (ChunkHash h : {1, 2, 3}) {
+    ASSERT_TRUE(store.reserve(h));
+    ASSERT_TRUE(store.commit(h));
+  }
+  const ChunkHash two[] = {2}, three[] = {3};
+  ASSERT_EQ(store.leading(two, "p"), 1u);
+  store.freeze(true);
+  using R = ChunkStore::Removal;
+  EXPECT_EQ(store.remove_or_defer(1), R::kWhenThawed);
+  EXPECT_EQ(store.remove_or_defer(2), R::kRefused) << "pinned";
+  EXPECT_EQ(store.remove_or_defer(9), R::kRefused) << "absent";
+  EXPECT_EQ(store.remove_or_defer(3), R::kWhenThawed);
+  ASSERT_EQ(store.leading(three, "q"), 1u);  // pinned after the deferral
+  EXPECT_TRUE(store.contains(1));
+  EXPECT_EQ(store.snapshot(), (std::vector<ChunkHash>{1, 2, 3}));
+  EXPECT_EQ(rec.events.size(), 3u) << "nothing said while frozen";
+
+  store.freeze(false);
+  EXPECT_FALSE(store.contains(1));
+  EXPECT_TRUE(store.contains(2));
+  EXPECT_TRUE(store.contains(3)) << "the pin taken meanwhile keeps it";
+  EXPECT_EQ(rec.events, (Events{{'A', 1}, {'A', 2}, {'A', 3}, {'E', 1}}));
+  EXPECT_EQ(pool.free_pages(), 2u);
+
+  store.unpin("q");
+  store.freeze(true);
+  store.freeze(false);
+  EXPECT_TRUE(store.contains(3)) << "a deferral ends with the sync it waited for";
+  store.unpin("p");
+  EXPECT_EQ(store.remove_or_defer(2), R::kDone);
+  EXPECT_EQ(rec.events.back(), (std::pair<char, ChunkHash>{'E', 2}));
+}
+
 TEST(ChunkStore, LeadingCountsFromTheFirstAndPinsUnderAnId) {
   gpu::ChunkPool pool = make_pool(8);
   ChunkStore store(pool, "LocalCPUBackend", nullptr);

@@ -102,7 +102,7 @@ TEST_P(Moves, ADestinationWithoutRoomTakesWhatFitsAndTheSourceKeepsTheRest) {
 // A full sync reports the keys a node held when it froze, and the controller drops the node's
 // events until the sync ends; so while frozen a node neither takes nor gives up a chunk. A move
 // into a frozen node waits for the sync; a commit refused because a sync began mid-batch is
-// pushed again; a frozen source keeps what it sent (the chunks are then at both nodes).
+// pushed again; a frozen source keeps what it sent until its sync ends, then evicts it.
 TEST_P(Moves, AFullSyncAtEitherEndChangesNothingTheSyncDoesNotReport) {
   TwoNodes rig(GetParam());
   ASSERT_TRUE(rig.synced());
@@ -150,12 +150,20 @@ TEST_P(Moves, AFullSyncAtEitherEndChangesNothingTheSyncDoesNotReport) {
   EXPECT_FALSE(a.store().contains(424242));
   a.engine().freeze(false);
 
-  // From a frozen source with copy=false: B sends everything, A confirms it, B keeps it too.
+  // From a frozen source with copy=false: B sends everything and A confirms it; B keeps the
+  // chunks while its sync runs and evicts them when it ends, so the controller ends up with A only.
   b.engine().freeze(true);
   EXPECT_EQ(move("inst-B", "inst-A", tokens)["num_tokens"], 2048);
+  EXPECT_EQ(b.store().counters().chunks, 8u) << "no EVICT while B's sync runs";
   b.engine().freeze(false);
   EXPECT_EQ(a.store().counters().chunks, 8u);
-  EXPECT_EQ(b.store().counters().chunks, 8u) << "no EVICT while B's sync runs";
+  EXPECT_EQ(b.store().counters().chunks, 0u) << "the move's evictions, once the sync ended";
+  const Json lookup{{"tokens", tokens}};
+  auto holders = [&] {
+    auto r = http.Post("/lookup", lookup.dump(), "application/json");
+    return r && r->status == 200 ? Json::parse(r->body)["layout_info"].dump() : std::string("no reply");
+  };
+  EXPECT_TRUE(eventually([&] { return holders() == R"({"inst-A":["LocalCPUBackend",2048]})"; })) << holders();
 }
 
 // A move of more chunks than one batch into a destination with little room: the second batch's

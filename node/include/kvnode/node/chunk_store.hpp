@@ -13,6 +13,8 @@
 // Frozen (a full sync runs), the set of readable chunks stays exactly what a snapshot taken after
 // freeze(true) reports: reserve(), commit() (the page goes back), remove() and clear() refuse, so
 // no ADMIT or EVICT arises that the sync's controller would drop. Reads and leases go on.
+// remove_or_defer() is for removals that must happen anyway (a move's source giving up what the
+// destination now holds): while frozen the chunk stays readable, and freeze(false) removes it.
 //
 // Thread-safe. The event callback runs under the store's lock, in order: it must not call back
 // into the store (it hands events to the worker agent's batcher).
@@ -101,6 +103,8 @@ class ChunkStore {
 
   // Stops `hash` being readable (EVICT); false when absent, pinned or frozen.
   bool remove(ChunkHash hash);
+  enum class Removal { kDone, kWhenThawed, kRefused };  // refused: absent or pinned
+  Removal remove_or_defer(ChunkHash hash);
   // Removes every readable, unpinned chunk (EVICT each); returns how many (0 when frozen).
   std::size_t clear();
   // Every readable chunk, oldest first (full sync).
@@ -135,6 +139,7 @@ class ChunkStore {
   std::unordered_map<std::string, std::vector<ChunkHash>> pins_;
   StoreCounters counters_;
   bool frozen_ = false;
+  std::vector<ChunkHash> remove_when_thawed_;
 };
 
 }  // namespace kvnode::node
