@@ -32,6 +32,9 @@ constexpr auto kPollInterval = std::chrono::milliseconds(100);  // how soon stop
 constexpr std::size_t kMaxQueuedOrchestratorMsgs = 1024;
 constexpr int kIngestNice = 5;  // the PULL thread's nice value, relative to the process's
 constexpr int kPullHwm = 1000;     // batches queued in the PULL socket
+// The context's two I/O threads: one reads ingest, the other serves requests (the ROUTERs and the
+// fan-out's DEALERs), so a lookup or a worker's reply never queues behind a burst of batches.
+constexpr int kIngestIoThread = 0, kRequestIoThread = 1;
 
 double epoch_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
@@ -70,8 +73,7 @@ int bound_port(const zmq::socket_t& socket) {
   return std::stoi(endpoint.substr(endpoint.rfind(':') + 1));
 }
 
-// Binds a socket; io_thread picks which ZMQ I/O thread serves it, so PULL ingest and the
-// ROUTERs do not share one.
+// Binds a socket; io_thread picks which ZMQ I/O thread serves it.
 Result<zmq::socket_t> bind_socket(zmq::context_t& ctx, zmq::socket_type type, const std::string& host,
                                   int port, int io_thread, const char* what) {
   const std::string address = bind_address(host, port);
@@ -161,7 +163,7 @@ bool recv_multipart(zmq::socket_t& socket, std::vector<zmq::message_t>& frames,
 
 struct Controller::Impl {
   ControllerConfig config;
-  zmq::context_t ctx{2};
+  zmq::context_t ctx{2};  // two I/O threads: kIngestIoThread and kRequestIoThread
   Metrics metrics;
   Guarded<Registry> registry;
   std::unique_ptr<FanOut> fanout;
@@ -275,7 +277,9 @@ struct Controller::Impl {
 
   Status start() {
     const auto& c = config;
-    fanout = std::make_unique<FanOut>(ctx);
+    FanOutOptions fanout_options;
+    fanout_options.io_affinity = std::uint64_t{1} << kRequestIoThread;
+    fanout = std::make_unique<FanOut>(ctx, fanout_options);
     OrchestratorOptions orch;
     orch.fanout_deadline =
         std::chrono::milliseconds(static_cast<std::int64_t>(c.fanout_timeout * 1000));
@@ -284,26 +288,26 @@ struct Controller::Impl {
     orchestrator_queue = std::make_unique<OrchestratorQueue>(*orchestrator);
 
     auto pull = bind_socket(ctx, zmq::socket_type::pull, c.controller_host,
-                            c.controller_monitor_ports.pull, 0, "PULL");
+                            c.controller_monitor_ports.pull, kIngestIoThread, "PULL");
     if (!pull) return pull.error();
     ports.pull = bound_port(*pull);
     std::vector<zmq::socket_t> pulls;
     pulls.push_back(std::move(*pull));
     if (c.monitor_port) {
-      auto legacy = bind_socket(ctx, zmq::socket_type::pull, c.controller_host, *c.monitor_port, 0,
-                                "legacy --monitor-port PULL");
+      auto legacy = bind_socket(ctx, zmq::socket_type::pull, c.controller_host, *c.monitor_port,
+                                kIngestIoThread, "legacy --monitor-port PULL");
       if (!legacy) return legacy.error();
       ports.legacy_pull = bound_port(*legacy);
       pulls.push_back(std::move(*legacy));
     }
     auto reply = bind_socket(ctx, zmq::socket_type::router, c.controller_host,
-                             c.controller_monitor_ports.reply, 1, "reply ROUTER");
+                             c.controller_monitor_ports.reply, kRequestIoThread, "reply ROUTER");
     if (!reply) return reply.error();
     ports.reply = bound_port(*reply);
     std::optional<zmq::socket_t> heartbeat;
     if (c.controller_monitor_ports.heartbeat >= 0) {
       auto hb = bind_socket(ctx, zmq::socket_type::router, c.controller_host,
-                            c.controller_monitor_ports.heartbeat, 1, "heartbeat ROUTER");
+                            c.controller_monitor_ports.heartbeat, kRequestIoThread, "heartbeat ROUTER");
       if (!hb) return hb.error();
       ports.heartbeat = bound_port(*hb);
       heartbeat = std::move(*hb);

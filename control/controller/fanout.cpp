@@ -145,6 +145,7 @@ class Executor {
         late_window_(
             std::clamp(options.late_reply_window, std::chrono::milliseconds{0}, kLongestDeadline)),
         max_late_(options.max_late_pending),
+        io_affinity_(options.io_affinity),
         shared_(shared) {}
 
   void run() {
@@ -272,6 +273,7 @@ class Executor {
     try {
       zmq::socket_t socket(ctx_, zmq::socket_type::dealer);
       socket.set(zmq::sockopt::linger, 0);
+      if (io_affinity_) socket.set(zmq::sockopt::affinity, io_affinity_);
       socket.set(zmq::sockopt::sndhwm, kSendHwm);
       socket.set(zmq::sockopt::reconnect_ivl, kReconnectIvlMs);
       socket.set(zmq::sockopt::reconnect_ivl_max, kReconnectIvlMaxMs);
@@ -451,6 +453,7 @@ class Executor {
   zmq::context_t& ctx_;
   const std::chrono::milliseconds late_window_;
   const std::size_t max_late_;
+  const std::uint64_t io_affinity_;
   Shared& shared_;
   std::uint64_t next_call_id_ = 1;
   std::uint64_t next_request_id_ = 1;            // 0 marks a malformed reply, so ids start at 1

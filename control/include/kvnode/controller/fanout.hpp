@@ -41,6 +41,9 @@ struct FanOutStats {
 struct FanOutOptions {
   std::chrono::milliseconds late_reply_window{std::chrono::minutes(10)};  // how long to wait
   std::size_t max_late_pending = 10000;  // timed-out requests remembered for late replies
+  // ZMQ_AFFINITY of the worker sockets: which of the context's I/O threads serve them (0: any),
+  // so the controller keeps them off the thread that reads ingest.
+  std::uint64_t io_affinity = 0;
 };
 
 class FanOut {
