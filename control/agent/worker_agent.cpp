@@ -14,12 +14,12 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "controller_link.hpp"
 #include "kvnode/wire/codec.hpp"
 
 namespace kvnode::agent {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 constexpr auto kSlice = std::chrono::milliseconds(50);  // how often blocked threads check for stop
 // Control requests are small (a move's token list is the largest); more is hostile.
 constexpr std::int64_t kMaxRequestBytes = 64LL << 20;
@@ -60,14 +60,15 @@ class WorkerAgent::Impl {
   }
 
  private:
-  zmq::socket_t dealer(const std::string& url) {
-    zmq::socket_t s(context_, zmq::socket_type::dealer);
-    s.set(zmq::sockopt::linger, 0);
-    s.set(zmq::sockopt::sndtimeo, static_cast<int>(options_.request_timeout.count()));
-    s.connect(endpoint(url));
-    return s;
+  ControllerLink link(const std::string& url) {
+    const auto n = links_made_.fetch_add(1, std::memory_order_relaxed);
+    return ControllerLink(context_, endpoint(url),
+                          std::to_string(reinterpret_cast<std::uintptr_t>(this)) + "-" + std::to_string(n),
+                          options_.request_timeout);
   }
-  Result<wire::Msg> exchange(zmq::socket_t& s, const wire::Msg& request);
+  Result<wire::Msg> exchange(ControllerLink& link, const wire::Msg& request) {
+    return link.exchange(request, options_.request_timeout, [this] { return stopping_.load(); });
+  }
   bool wait_or_stop(std::chrono::milliseconds d) {
     std::unique_lock lock(stop_mutex_);
     return stop_cv_.wait_for(lock, d, [&] { return stopping_.load(); });
@@ -104,8 +105,9 @@ class WorkerAgent::Impl {
   std::thread sync_thread_;
   std::atomic<bool> syncing_{false};
 
+  std::atomic<std::uint64_t> links_made_{0};
   std::mutex call_mutex_;
-  std::optional<zmq::socket_t> call_socket_;
+  std::optional<ControllerLink> call_link_;
 
   mutable std::mutex counters_mutex_;
   AgentCounters counters_;
@@ -149,35 +151,11 @@ void WorkerAgent::Impl::shutdown() {
 
 // ---- Requests on a DEALER -------------------------------------------------------------------
 
-Result<wire::Msg> WorkerAgent::Impl::exchange(zmq::socket_t& s, const wire::Msg& request) {
-  const std::string payload = wire::encode(request);
-  try {
-    if (!s.send(zmq::message_t(), zmq::send_flags::sndmore) ||
-        !s.send(zmq::buffer(payload), zmq::send_flags::none))
-      return make_error("send timed out");
-    const auto give_up = Clock::now() + options_.request_timeout;
-    zmq::pollitem_t item{s.handle(), 0, ZMQ_POLLIN, 0};
-    while (zmq::poll(&item, 1, kSlice) == 0) {
-      if (stopping_ || Clock::now() > give_up)
-        return make_error(stopping_ ? "stopping" : "no reply within the request timeout");
-    }
-    zmq::message_t frame;
-    std::string last;
-    do {
-      if (!s.recv(frame, zmq::recv_flags::none)) return make_error("receive failed");
-      last = frame.to_string();
-    } while (frame.more());
-    return wire::decode(last);  // the last frame, as LMCache reads it
-  } catch (const zmq::error_t& e) {
-    return make_error(std::string("zmq: ") + e.what());
-  }
-}
-
 Result<wire::Msg> WorkerAgent::Impl::call(const wire::Msg& request) {
   std::lock_guard lock(call_mutex_);
-  if (!call_socket_) call_socket_.emplace(dealer(options_.controller_reply_url));
-  Result<wire::Msg> reply = exchange(*call_socket_, request);
-  if (!reply) call_socket_.reset();  // a late reply must not answer the next request
+  if (!call_link_) call_link_.emplace(link(options_.controller_reply_url));
+  Result<wire::Msg> reply = exchange(*call_link_, request);
+  if (!reply) call_link_.reset();  // a late reply must not answer the next request
   return reply;
 }
 
@@ -188,7 +166,7 @@ void WorkerAgent::Impl::register_and_heartbeat() {
                                 options_.peer_init_url};
   std::optional<std::string> heartbeat_url;
   for (auto backoff = options_.register_backoff_first; !stopping_;) {
-    zmq::socket_t s = dealer(options_.controller_reply_url);
+    ControllerLink s = link(options_.controller_reply_url);
     count([](AgentCounters& c) { ++c.register_attempts; });
     Result<wire::Msg> reply = exchange(s, hello);
     if (reply && as<wire::RegisterRetMsg>(*reply)) {
@@ -211,11 +189,11 @@ void WorkerAgent::Impl::register_and_heartbeat() {
   if (options_.heartbeat_period.count() <= 0) return;
   // The heartbeat socket of the registration answer; the reply socket accepts heartbeats too.
   const std::string url = heartbeat_url.value_or(options_.controller_reply_url);
-  std::optional<zmq::socket_t> s;
+  std::optional<ControllerLink> s;
   const wire::HeartbeatMsg beat{options_.instance_id, options_.worker_id, options_.ip, port_,
                                 options_.peer_init_url};
   while (!wait_or_stop(options_.heartbeat_period)) {
-    if (!s) s.emplace(dealer(url));
+    if (!s) s.emplace(link(url));
     Result<wire::Msg> reply = exchange(*s, beat);
     const auto* ret = reply ? as<wire::HeartbeatRetMsg>(*reply) : nullptr;
     if (!ret) {

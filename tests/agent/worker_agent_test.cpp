@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <zmq.hpp>
 
@@ -158,6 +160,62 @@ TEST(WorkerAgent, KeepsTryingToRegisterUntilTheControllerIsUp) {
   other.instance_id = "someone-else";
   auto asker = std::move(WorkerAgent::start(other, {})).value();
   EXPECT_TRUE(eventually([&] { return hits_for_others(*asker, 7, 1) == 1; }));
+}
+
+// A controller that dies with a heartbeat in flight: the heartbeat's connection drops, so the
+// agent gives up on it at once and the next heartbeat reaches the controller that comes back on
+// the same port, long before the request timeout (LMCache's worker waits that long, 30 s).
+TEST(WorkerAgent, AHeartbeatInFlightWhenTheControllerDiesIsRetriedAtOnce) {
+  // Each fake in its own context: closing a context waits until its listener is gone, so the
+  // port can be bound again at once.
+  auto first_ctx = std::make_unique<zmq::context_t>();
+  zmq::context_t second_ctx;
+  auto fake_controller = [&](zmq::context_t& ctx, int port) {
+    zmq::socket_t s(ctx, zmq::socket_type::router);
+    s.set(zmq::sockopt::linger, 0);
+    s.bind("tcp://127.0.0.1:" + std::to_string(port));
+    return s;
+  };
+  // The next request's [identity, payload], or nothing within `patience`.
+  auto next_request = [](zmq::socket_t& s, std::chrono::milliseconds patience)
+      -> std::optional<std::pair<zmq::message_t, wire::Msg>> {
+    s.set(zmq::sockopt::rcvtimeo, static_cast<int>(patience.count()));
+    std::vector<zmq::message_t> frames;
+    zmq::message_t f;
+    do {
+      if (!s.recv(f)) return std::nullopt;
+      frames.push_back(std::move(f));
+    } while (frames.back().more());
+    auto msg = wire::decode(frames.back().to_string_view());
+    if (!msg) return std::nullopt;
+    return std::pair{std::move(frames.front()), std::move(*msg)};
+  };
+  zmq::socket_t first = fake_controller(*first_ctx, 0);
+  const std::string bound = first.get(zmq::sockopt::last_endpoint);
+  const int port = std::stoi(bound.substr(bound.rfind(':') + 1));
+
+  AgentOptions o = options_for(1, port);  // PULL events go nowhere; this test is about requests
+  o.request_timeout = 20s;
+  auto agent = std::move(WorkerAgent::start(o, {})).value();
+  auto hello = next_request(first, 5s);
+  ASSERT_TRUE(hello && std::holds_alternative<wire::RegisterMsg>(hello->second));
+  first.send(hello->first, zmq::send_flags::sndmore);
+  first.send(zmq::message_t(), zmq::send_flags::sndmore);
+  first.send(zmq::buffer(wire::encode(wire::RegisterRetMsg{})), zmq::send_flags::none);
+  ASSERT_TRUE(eventually([&] { return agent->registered(); }));
+  auto beat = next_request(first, 5s);
+  ASSERT_TRUE(beat && std::holds_alternative<wire::HeartbeatMsg>(beat->second));
+
+  first.close();  // dies without answering
+  first_ctx.reset();
+  const auto died = Clock::now();
+  zmq::socket_t second = fake_controller(second_ctx, port);
+  auto after = next_request(second, 10s);
+  const auto waited = Clock::now() - died;
+  ASSERT_TRUE(after.has_value()) << "no request reached the controller that came back";
+  EXPECT_TRUE(std::holds_alternative<wire::HeartbeatMsg>(after->second));
+  EXPECT_LT(waited, 5s) << "the agent waited out the request timeout";
+  EXPECT_GE(agent->counters().heartbeat_failures, 1u);
 }
 
 TEST(WorkerAgent, AnswersEveryControlRequest) {
