@@ -61,10 +61,9 @@ class WorkerAgent::Impl {
 
  private:
   ControllerLink link(const std::string& url) {
+    // The monitor's inproc name needs to be unique within context_, which is this agent's.
     const auto n = links_made_.fetch_add(1, std::memory_order_relaxed);
-    return ControllerLink(context_, endpoint(url),
-                          std::to_string(reinterpret_cast<std::uintptr_t>(this)) + "-" + std::to_string(n),
-                          options_.request_timeout);
+    return ControllerLink(context_, endpoint(url), std::to_string(n), options_.request_timeout);
   }
   Result<wire::Msg> exchange(ControllerLink& link, const wire::Msg& request) {
     return link.exchange(request, options_.request_timeout, [this] { return stopping_.load(); });
