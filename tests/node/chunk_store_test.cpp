@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <initializer_list>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -31,6 +32,13 @@ gpu::ChunkPool make_pool(std::size_t pages) {
 }
 
 using Events = std::vector<std::pair<char, ChunkHash>>;
+
+// Stores each hash (reserve, then commit); false at the first that fails.
+bool store_all(ChunkStore& store, std::initializer_list<ChunkHash> hashes) {
+  for (ChunkHash h : hashes)
+    if (!store.reserve(h) || !store.commit(h)) return false;
+  return true;
+}
 
 TEST(ChunkStore, AChunkIsReadableOnlyAfterCommit) {
   gpu::ChunkPool pool = make_pool(4);
@@ -97,10 +105,7 @@ TEST(ChunkStore, ARemovalDeferredWhileFrozenHappensWhenTheSyncEnds) {
   gpu::ChunkPool pool = make_pool(4);
   Recorder rec;
   ChunkStore store(pool, "LocalCPUBackend", rec.sink());
-  for (ChunkHash h : {1, 2, 3}) {
-    ASSERT_TRUE(store.reserve(h));
-    ASSERT_TRUE(store.commit(h));
-  }
+  ASSERT_TRUE(store_all(store, {1, 2, 3}));
   const ChunkHash two[] = {2}, three[] = {3};
   ASSERT_EQ(store.leading(two, "p"), 1u);
   store.freeze(true);
@@ -133,10 +138,7 @@ TEST(ChunkStore, ARemovalDeferredWhileFrozenHappensWhenTheSyncEnds) {
 TEST(ChunkStore, LeadingCountsFromTheFirstAndPinsUnderAnId) {
   gpu::ChunkPool pool = make_pool(8);
   ChunkStore store(pool, "LocalCPUBackend", nullptr);
-  for (ChunkHash h : {1, 2, 3, 5}) {
-    ASSERT_TRUE(store.reserve(h));
-    ASSERT_TRUE(store.commit(h));
-  }
+  ASSERT_TRUE(store_all(store, {1, 2, 3, 5}));
   const ChunkHash query[] = {1, 2, 3, 4, 5};
   EXPECT_EQ(store.leading(query), 3u);
   EXPECT_EQ(store.leading(query, "pin-a"), 3u);
@@ -154,10 +156,7 @@ TEST(ChunkStore, AFullPoolEvictsTheLeastRecentlyUsedChunkNobodyHolds) {
   gpu::ChunkPool pool = make_pool(3);
   Recorder rec;
   ChunkStore store(pool, "LocalCPUBackend", rec.sink());
-  for (ChunkHash h : {1, 2, 3}) {
-    ASSERT_TRUE(store.reserve(h));
-    ASSERT_TRUE(store.commit(h));
-  }
+  ASSERT_TRUE(store_all(store, {1, 2, 3}));
   const ChunkHash one[] = {1};
   store.leading(one);  // 1 is now the most recent: 2 is the oldest
   ASSERT_TRUE(store.reserve(4));
