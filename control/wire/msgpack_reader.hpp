@@ -95,6 +95,23 @@ class MsgpackReader {
     p_ += bytes.size();
     return true;
   }
+  // Reads up to `max` consecutive 8-byte ints (msgpack int 64 / uint 64, how CPython's hashes
+  // travel) into out; returns how many. A hash list is mostly these: one tight loop for them,
+  // read_int for anything else.
+  std::size_t read_int64_run(WideInt* out, std::size_t max) {
+    std::size_t n = 0;
+    for (; n < max && remaining() >= 9; ++n, p_ += 9) {
+      const std::uint64_t v = load_be<std::uint64_t>(p_ + 1);
+      if (*p_ == 0xd3)
+        out[n] = WideInt(static_cast<std::int64_t>(v));
+      else if (*p_ == 0xcf)
+        out[n] = WideInt::from_unsigned(v);
+      else
+        break;
+    }
+    return n;
+  }
+
   // Reads an int item of any width into out.
   bool read_int(WideInt& out) {
     if (p_ == end_) return false;

@@ -241,6 +241,36 @@ TEST(Decoding, KvEventsOfAnyShapeDecodeAlikeAndFailWithTheirPath) {
   EXPECT_EQ(error_of(cut), "Input data was truncated");
 }
 
+// Hash lists read runs of 8-byte ints in bulk; every other int width, a non-int and a cut must
+// come out exactly as the general decoder says.
+TEST(Decoding, HashListsOfAnyIntWidthDecodeAlikeAndFailWithTheirPath) {
+  BatchedP2PLookupMsg lookup{{}, "i", 0};
+  const std::int64_t ints[] = {INT64_MIN, -1ll << 40, 0, 1, 127, 128, 65536, -33, INT32_MIN,
+                               INT64_MAX, 1ll << 40, -(1ll << 33), INT64_MIN + 1};
+  for (const std::int64_t v : ints) lookup.hashes.push_back(ChunkHash(v));
+  lookup.hashes.push_back(ChunkHash::from_unsigned(~0ull));  // uint 64 between int 64s
+  lookup.hashes.push_back(ChunkHash(-5ll << 50));
+  auto r = decode(encode(Msg{lookup}));
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(std::get<BatchedP2PLookupMsg>(*r), lookup);
+
+  const std::string head = R"({"type":"BatchedP2PLookupMsg","instance_id":"i","worker_id":0,"hashes":[)"
+                           R"(-4611686018427387904,-4611686018427387905,)";
+  EXPECT_EQ(error_of(msgpack_of(head + R"(5,"6"]})")), "Expected `int`, got `str` - at `$.hashes[3]`");
+  EXPECT_EQ(error_of(msgpack_of(head + R"(-4611686018427387906,null]})")),
+            "Expected `int`, got `None` - at `$.hashes[3]`");  // msgspec's word for msgpack nil
+  // Cut anywhere inside the second of two 8-byte ints (no other 0xd3 byte in the message).
+  const std::string whole =
+      encode(Msg{BatchedP2PLookupMsg{{ChunkHash(-1ll << 40), ChunkHash(-1ll << 41)}, "i", 0}});
+  for (std::size_t keep = 1; keep < 9; ++keep) {
+    std::string bytes = whole;
+    const std::size_t at = bytes.rfind('\xd3');
+    ASSERT_NE(at, std::string::npos);
+    bytes.resize(at + keep);
+    EXPECT_EQ(error_of(bytes), "Input data was truncated") << keep;
+  }
+}
+
 TEST(Encoding, DefaultsAreAlwaysWritten) {
   Msg m = MoveMsg{"e", {"A", "LocalCPUBackend"}, {"B", "LocalCPUBackend"}, std::nullopt, false};
   auto back = to_builtins(m);
