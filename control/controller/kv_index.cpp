@@ -18,6 +18,7 @@ constexpr std::size_t kMinBuckets = 256;
 // old bucket count, so the old table's memory goes soon (at one, 10 M entries still held both).
 constexpr std::size_t kMigrateStep = 2;
 constexpr std::size_t kMigratePrefetch = 2;  // buckets ahead whose entries' new homes are loaded
+constexpr std::size_t kLookupAhead = 8;      // hashes ahead whose buckets leading_held loads
 
 // murmur3's finaliser over the seeded bits: a bijection, so distinct hashes stay distinct, and
 // without the seed an attacker cannot aim many chunk hashes at one bucket.
@@ -155,6 +156,36 @@ void KvIndex::prefetch(ChunkHash hash) const {
   if (cur_.buckets_n != 0) __builtin_prefetch(&cur_.buckets[home(hash, cur_)]);
   // While a rehash runs, an insert checks the old table too and an erase may find its pair there.
   if (migrating()) __builtin_prefetch(&old_.buckets[home(hash, old_)]);
+}
+
+std::size_t KvIndex::leading_held(std::span<const ChunkHash> hashes, HolderId holder) const {
+  if (holder >= holders_.size() || !holders_[holder].live) return 0;
+  const std::size_t n = hashes.size();
+  if (migrating()) {  // two tables to search: the plain way
+    for (std::size_t i = 0; i < n; ++i) {
+      if (i + kLookupAhead < n) prefetch(hashes[i + kLookupAhead]);
+      if (!contains(hashes[i], holder)) return i;
+    }
+    return n;
+  }
+  if (cur_.buckets_n == 0) return 0;
+  std::size_t homes[kLookupAhead];  // ring: the home of hash i at i % kLookupAhead
+  const auto load = [&](std::size_t i) {
+    homes[i % kLookupAhead] = home(hashes[i], cur_);
+    __builtin_prefetch(&cur_.buckets[homes[i % kLookupAhead]]);
+  };
+  for (std::size_t i = 0; i < std::min(n, kLookupAhead); ++i) load(i);
+  for (std::size_t i = 0; i < n; ++i) {
+    const ChunkHash h = hashes[i];
+    const std::uint32_t want = (holder + 1) | tag_bits(h);
+    const std::size_t at = homes[i % kLookupAhead];
+    if (i + kLookupAhead < n) load(i + kLookupAhead);
+    const Place p = walk_from(cur_, at, 0, [&](const Bucket& k, std::size_t j) {
+      return k.tags[j] == want && k.keys[j] == h.bits();
+    });
+    if (!p.found()) return i;
+  }
+  return n;
 }
 
 bool KvIndex::insert(ChunkHash hash, HolderId holder) {

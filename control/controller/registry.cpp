@@ -394,14 +394,7 @@ wire::BatchedP2PLookupRetMsg Registry::p2p_lookup(const wire::BatchedP2PLookupMs
   });
   if (!best) return ret;
   const HolderId holder = best->location->holder;
-  std::int64_t hits = 0;
-  visit_prefetched(
-      s_->index, 0, msg.hashes.size(), [&](std::size_t i) { return msg.hashes[i]; },
-      [&](std::size_t i) {
-        if (!s_->index.contains(msg.hashes[i], holder)) return false;
-        ++hits;
-        return true;
-      });
+  const auto hits = static_cast<std::int64_t>(s_->index.leading_held(msg.hashes, holder));
   ret.layout_info[0] = wire::P2PLayout{best->worker->instance->id, best->location->name, hits,
                                        *best->worker->peer_init_url};
   return ret;

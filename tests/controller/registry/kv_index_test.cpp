@@ -94,8 +94,16 @@ TEST(KvIndex, MatchesReferenceModelUnderRandomOperations) {
       std::erase_if(model, [&](const Pair& p) { return p.second == h; });
       std::erase(live, h);
       live.push_back(index.new_holder());
-    } else {
+    } else if (what < 99) {
       EXPECT_EQ(index.contains(key, h), model.contains({key, h}));
+    } else {  // a P2P lookup: mostly held hashes, so the leading run is long, then any
+      std::vector<ChunkHash> chain;
+      for (auto it = model.begin(); it != model.end() && chain.size() < 30; ++it)
+        if (it->second == h && rng() % 4 != 0) chain.push_back(it->first);
+      for (int j = 0; j < 3; ++j) chain.insert(chain.begin() + rng() % (chain.size() + 1), random_hash());
+      std::size_t expected = 0;
+      while (expected < chain.size() && model.contains({chain[expected], h})) ++expected;
+      EXPECT_EQ(index.leading_held(chain, h), expected);
     }
   }
   EXPECT_EQ(index.size(), model.size());
@@ -128,9 +136,14 @@ TEST(KvIndex, GrowthIsIncrementalAndEveryOperationSeesBothTables) {
   int holders = 0;
   index.for_each_holder(key(n - 3), [&](HolderId) { ++holders; });
   EXPECT_EQ(holders, 2);
+  std::vector<ChunkHash> chain;  // a P2P lookup over keys in either table stops at the erased one
+  for (std::uint64_t i = 0; i < n; ++i) chain.push_back(key(i));
+  EXPECT_EQ(index.leading_held(chain, a), n - 4);
+  EXPECT_EQ(index.leading_held({chain.end() - 3, chain.end()}, b), 1u);  // b holds key(n - 3) only
   // Retiring during the migration hides the holder at once and frees its id only later.
   index.retire_holder(b);
   EXPECT_FALSE(index.contains(key(n - 3), b));
+  EXPECT_EQ(index.leading_held({chain.end() - 3, chain.end()}, b), 0u);
   const std::size_t grown = index.capacity();
   const std::uint64_t more = n / 2;  // enough to finish the migration, too few to grow again
   for (std::uint64_t i = 0; i < more; ++i) index.insert(key(n + i), a);
@@ -138,6 +151,7 @@ TEST(KvIndex, GrowthIsIncrementalAndEveryOperationSeesBothTables) {
   EXPECT_LT(index.memory_bytes(), static_cast<double>(grown + cap) * slot_bytes);
   for (std::uint64_t i = 0; i < n + more; ++i)
     ASSERT_EQ(index.contains(key(i), a), i != n - 4) << i;
+  EXPECT_EQ(index.leading_held(chain, a), n - 4);  // one table again: the fast path
   EXPECT_EQ(index.size(), n + more - 1);
 }
 

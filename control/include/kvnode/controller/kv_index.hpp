@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -46,6 +47,9 @@ class KvIndex {
   bool contains(ChunkHash hash, HolderId holder) const;
   // Starts loading the hash's home bucket; batch appliers call it a few ops ahead.
   void prefetch(ChunkHash hash) const;
+  // How many of the leading hashes the holder holds (a P2P lookup's answer): the buckets are
+  // loaded several hashes ahead, each home computed once.
+  std::size_t leading_held(std::span<const ChunkHash> hashes, HolderId holder) const;
 
   // Calls f(holder) for each live holder of the hash.
   template <class F>
@@ -130,7 +134,11 @@ class KvIndex {
   template <class Stop>
   Place walk(const Table& t, ChunkHash hash, std::size_t from, Stop&& stop) const {
     if (t.buckets_n == 0) return {};
-    const std::size_t h = home(hash, t);
+    return walk_from(t, home(hash, t), from, stop);
+  }
+  // walk, from a home bucket already computed.
+  template <class Stop>
+  static Place walk_from(const Table& t, std::size_t h, std::size_t from, Stop&& stop) {
     for (std::size_t b = h;; b = (b + 1) & t.mask) {
       Bucket& k = t.buckets[b];
       if (b >= from)
