@@ -7,6 +7,7 @@
 //   heartbeat  CPU of the controller answering 10 k workers at 1 Hz, vs the bare echo
 //   memory     in-process Registry at 10 M (chunk, holder) entries: bytes, admit/evict/lookup ns
 // Usage: bench_controller [--quick] [--only ingest|lookup|heartbeat|memory]
+#include <sched.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -33,6 +35,8 @@ namespace {
 namespace wire = kvnode::wire;
 namespace ctl = kvnode::controller;
 using bench::Child;
+using bench::kAnyCpu;
+using bench::PinnedThread;
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
@@ -237,22 +241,24 @@ struct Spawned {
 };
 
 template <class P>
-Spawned<P> spawn(std::vector<std::string> args) {
-  Child child(std::move(args));
+Spawned<P> spawn(std::vector<std::string> args, int cpu = kAnyCpu) {
+  Child child(std::move(args), cpu);
   const auto ports = child.receive<P>();
   return {std::move(child), ports};
 }
 using ControllerProc = Spawned<Ports>;
-ControllerProc start_controller() {
-  return spawn<Ports>({"controller"});
+ControllerProc start_controller(int cpu = kAnyCpu) {
+  return spawn<Ports>({"controller"}, cpu);
 }
-Spawned<int> start_echo(std::size_t reply_size) {
-  return spawn<int>({"echo", std::to_string(reply_size)});
+Spawned<int> start_echo(std::size_t reply_size, int cpu = kAnyCpu) {
+  return spawn<int>({"echo", std::to_string(reply_size)}, cpu);
 }
 
-Child start_pusher(int pull_port, std::uint64_t seed, std::uint64_t total, std::uint64_t pool) {
+Child start_pusher(int pull_port, std::uint64_t seed, std::uint64_t total, std::uint64_t pool,
+                   int cpu = kAnyCpu) {
   return Child({"push", std::to_string(pull_port), std::to_string(seed), std::to_string(total),
-                std::to_string(pool)});
+                std::to_string(pool)},
+               cpu);
 }
 
 void register_workers(zmq::context_t& ctx, int reply_port, const std::vector<std::string>& ids) {
@@ -266,8 +272,8 @@ void register_workers(zmq::context_t& ctx, int reply_port, const std::vector<std
 }
 
 // A controller where kHolder holds keys 0..999 of kHeldSeed and kLoad may push.
-ControllerProc start_lookup_controller() {
-  ControllerProc c = start_controller();
+ControllerProc start_lookup_controller(int cpu) {
+  ControllerProc c = start_controller(cpu);
   zmq::context_t ctx;
   register_workers(ctx, c.ports.reply, {kHolder, kLoad});
   auto push = connect(ctx, zmq::socket_type::push, c.ports.pull);
@@ -396,6 +402,26 @@ void run_ingest(const Scale& scale, Report& report) {
 
 // ---- 2. lookup ----
 
+// Where the lookup round trips run: both servers (controller and echo, every thread of each) on
+// one CPU, the client and the ingest load on another. Left to the scheduler, on a 2-core VM where
+// each wake-up landed decided more than the code did: the same build's idle 1000-hash p50 moved
+// between 103 and 144 us from run to run, the echo's between 94 and 146 us under ingest. Pinned,
+// both servers meet the same neighbours (the controller's own ingest thread among them).
+struct CpuPlan {
+  int client = kAnyCpu, server = kAnyCpu;
+};
+CpuPlan lookup_cpus() {
+  cpu_set_t allowed;
+  if (::sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < 2) return {};
+  CpuPlan plan;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &allowed)) continue;
+    if (plan.client == kAnyCpu) plan.client = cpu;
+    plan.server = cpu;  // the last one allowed
+  }
+  return plan;
+}
+
 void measure_lookups(const char* when, zmq::socket_t& controller, zmq::socket_t& echo,
                      const Scale& scale, Report& report) {
   for (const std::uint64_t n : {1, 100, 1000}) {
@@ -403,9 +429,14 @@ void measure_lookups(const char* when, zmq::socket_t& controller, zmq::socket_t&
     if (hits(request(controller, payload)) != static_cast<std::int64_t>(n))
       throw std::runtime_error("a lookup of held keys did not hit them all");
     std::vector<double> c, e;
-    for (int rep = 0; rep < scale.reps; ++rep)  // alternating, so drift hits both alike
-      for (auto [us, dealer] : {std::pair{&c, &controller}, std::pair{&e, &echo}})
-        for (int i = 0; i < scale.lookups; ++i) us->push_back(round_trip_us(*dealer, payload));
+    // Interleaved request by request, the order flipping each time, so both see the same load
+    // at the same moments (blocks of 2000 each saw a different phase of a busy machine).
+    for (int rep = 0; rep < scale.reps; ++rep)
+      for (int i = 0; i < scale.lookups; ++i) {
+        if (i % 2 == 0) c.push_back(round_trip_us(controller, payload));
+        e.push_back(round_trip_us(echo, payload));
+        if (i % 2 == 1) c.push_back(round_trip_us(controller, payload));
+      }
     const double ratio = bench::median(c) / bench::median(e);
     report.push_back({strf("P2P lookup, %lu hash(es), %s: p50 / p99", n, when), p50_p99(c),
                       "echo " + p50_p99(e), strf("%.2fx", ratio), "p50 <= 1.3x echo",
@@ -415,19 +446,20 @@ void measure_lookups(const char* when, zmq::socket_t& controller, zmq::socket_t&
 
 // 1-hash lookups, each followed by an echo round trip (same conditions), while kBurstOps
 // admits arrive; every 32nd step asks whether the burst's last key is in yet.
-void measure_burst(const Scale& scale, std::size_t reply_size, Report& report) {
+void measure_burst(const Scale& scale, std::size_t reply_size, const CpuPlan& cpus,
+                   Report& report) {
   std::vector<double> c, e, worst, burst_s;
   for (int rep = 0; rep < scale.reps; ++rep) {
     std::fprintf(stderr, "lookup: burst, repetition %d\n", rep + 1);
-    ControllerProc proc = start_lookup_controller();
-    Spawned<int> echo_proc = start_echo(reply_size);
+    ControllerProc proc = start_lookup_controller(cpus.server);
+    Spawned<int> echo_proc = start_echo(reply_size, cpus.server);
     zmq::context_t ctx;
     auto controller = connect(ctx, zmq::socket_type::dealer, proc.ports.reply);
     auto echo = connect(ctx, zmq::socket_type::dealer, echo_proc.ports);
     const std::string hit = lookup_msg(kHeldSeed, 0, 1);
     const std::string done = lookup_msg(kBurstSeed, kBurstOps - 1, 1);
     const auto start = Clock::now();
-    Child burst = start_pusher(proc.ports.pull, kBurstSeed, kBurstOps, kBurstOps);
+    Child burst = start_pusher(proc.ports.pull, kBurstSeed, kBurstOps, kBurstOps, cpus.client);
     double slowest = 0;
     for (int i = 1; i % 32 != 0 || hits(request(controller, done)) == 0; ++i) {
       c.push_back(round_trip_us(controller, hit));
@@ -448,12 +480,15 @@ void measure_burst(const Scale& scale, std::size_t reply_size, Report& report) {
 }
 
 void run_lookup(const Scale& scale, Report& report) {
-  ControllerProc proc = start_lookup_controller();
+  const CpuPlan cpus = lookup_cpus();
+  std::optional<PinnedThread> pinned;
+  if (cpus.client != kAnyCpu) pinned.emplace(cpus.client);
+  ControllerProc proc = start_lookup_controller(cpus.server);
   const std::size_t reply_size =
       wire::encode(wire::Msg{wire::BatchedP2PLookupRetMsg{
                        {{kHolder, kLocation, 1000, std::string("peer://") + kHolder}}}})
           .size();
-  Spawned<int> echo_proc = start_echo(reply_size);  // as big as the controller's reply
+  Spawned<int> echo_proc = start_echo(reply_size, cpus.server);  // as big as the controller's reply
   zmq::context_t ctx;
   auto controller = connect(ctx, zmq::socket_type::dealer, proc.ports.reply);
   auto echo = connect(ctx, zmq::socket_type::dealer, echo_proc.ports);
@@ -463,11 +498,11 @@ void run_lookup(const Scale& scale, Report& report) {
     std::fprintf(stderr, "lookup: under ingest load\n");
     // Keys cycle over a bounded pool, as a worker's cache has a fixed size: after the first
     // pass the index stops growing, so this measures steady ingest, not table rebuilds.
-    Child load = start_pusher(proc.ports.pull, kLoadSeed, 0, 1'000'000);
+    Child load = start_pusher(proc.ports.pull, kLoadSeed, 0, 1'000'000, cpus.client);
     std::this_thread::sleep_for(1s);
     measure_lookups("under ingest", controller, echo, scale, report);
   }
-  measure_burst(scale, reply_size, report);
+  measure_burst(scale, reply_size, cpus, report);
 }
 
 // ---- 3. heartbeats ----

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <malloc.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -33,13 +34,41 @@ void report(int fd, const T& value) {
     throw std::system_error(errno, std::generic_category(), "write to parent");
 }
 
+constexpr int kAnyCpu = -1;
+
+inline cpu_set_t only_cpu(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  return set;
+}
+
+// Keeps the calling thread on one CPU while it lives, then lets it run where it ran before.
+class PinnedThread {
+ public:
+  explicit PinnedThread(int cpu) {
+    if (::sched_getaffinity(0, sizeof saved_, &saved_) != 0)
+      throw std::system_error(errno, std::generic_category(), "sched_getaffinity");
+    const cpu_set_t set = only_cpu(cpu);
+    if (::sched_setaffinity(0, sizeof set, &set) != 0)
+      throw std::system_error(errno, std::generic_category(), "sched_setaffinity");
+  }
+  PinnedThread(const PinnedThread&) = delete;
+  PinnedThread& operator=(const PinnedThread&) = delete;
+  ~PinnedThread() { ::sched_setaffinity(0, sizeof saved_, &saved_); }
+
+ private:
+  cpu_set_t saved_{};
+};
+
 // This program run again as `<self> --child ARGS... FD`, FD being the write end of a pipe to the
 // parent. Exec, not a bare fork: a forked copy shares the parent's heap (hundreds of MB of
 // pre-encoded frames) copy-on-write and pays a page fault on many of its writes, which a real
 // kvcontroller never does. The destructor kills and reaps it on every path, exceptions included.
+// `cpu`: the one CPU the child and all its threads run on, or kAnyCpu.
 class Child {
  public:
-  explicit Child(std::vector<std::string> args) {
+  explicit Child(std::vector<std::string> args, int cpu = kAnyCpu) {
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0)
       throw std::system_error(errno, std::generic_category(), "pipe");
@@ -55,6 +84,10 @@ class Child {
       throw std::system_error(errno, std::generic_category(), "fork");
     }
     if (pid_ == 0) {
+      if (cpu != kAnyCpu) {  // inherited by the exec'd program and every thread it starts
+        const cpu_set_t set = only_cpu(cpu);
+        if (::sched_setaffinity(0, sizeof set, &set) != 0) ::_exit(126);
+      }
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // die with the bench even if it is killed -9
       ::fcntl(fds[1], F_SETFD, 0);         // only this end survives the exec
       ::execv("/proc/self/exe", argv.data());
