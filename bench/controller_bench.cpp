@@ -501,6 +501,7 @@ void run_lookup(const Scale& scale, Report& report) {
     Child load = start_pusher(proc.ports.pull, kLoadSeed, 0, 1'000'000, cpus.client);
     std::this_thread::sleep_for(1s);
     measure_lookups("under ingest", controller, echo, scale, report);
+    if (!load.running()) throw std::runtime_error("the ingest load stopped before the lookups did");
   }
   measure_burst(scale, reply_size, cpus, report);
 }

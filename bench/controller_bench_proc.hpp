@@ -69,6 +69,7 @@ class PinnedThread {
 class Child {
  public:
   explicit Child(std::vector<std::string> args, int cpu = kAnyCpu) {
+    const cpu_set_t cpus = only_cpu(cpu == kAnyCpu ? 0 : cpu);  // before fork: the child only execs
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0)
       throw std::system_error(errno, std::generic_category(), "pipe");
@@ -84,10 +85,9 @@ class Child {
       throw std::system_error(errno, std::generic_category(), "fork");
     }
     if (pid_ == 0) {
-      if (cpu != kAnyCpu) {  // inherited by the exec'd program and every thread it starts
-        const cpu_set_t set = only_cpu(cpu);
-        if (::sched_setaffinity(0, sizeof set, &set) != 0) ::_exit(126);
-      }
+      // Inherited by the exec'd program and every thread it starts. On failure the parent sees a
+      // child that exited (receive() throws, running() is false) rather than an unpinned one.
+      if (cpu != kAnyCpu && ::sched_setaffinity(0, sizeof cpus, &cpus) != 0) ::_exit(126);
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // die with the bench even if it is killed -9
       ::fcntl(fds[1], F_SETFD, 0);         // only this end survives the exec
       ::execv("/proc/self/exe", argv.data());
@@ -107,6 +107,11 @@ class Child {
   }
 
   pid_t pid() const { return pid_; }
+  // False once the child has exited (it is reaped then, so pid() no longer names it).
+  bool running() {
+    if (pid_ > 0 && ::waitpid(pid_, nullptr, WNOHANG) == pid_) pid_ = -1;
+    return pid_ > 0;
+  }
 
   // Blocks until the child reports a T; throws when it exits or stays silent past the timeout.
   template <class T>

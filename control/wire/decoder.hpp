@@ -351,12 +351,7 @@ bool decode_vector(DecodeContext& ctx, std::uint32_t count, std::vector<T>& out,
   out.reserve(std::min<std::size_t>(count, ctx.reader.remaining() / min_wire_size<T>()));
   for (std::uint32_t i = 0; i < count; ++i) {
     if constexpr (std::is_same_v<T, WideInt>) {  // chunk hash lists: 8-byte ints in bulk
-      const std::size_t at = out.size();
-      const std::size_t room = std::min<std::size_t>(count - i, ctx.reader.remaining() / 9);
-      out.resize(at + room);
-      const std::size_t got = ctx.reader.read_int64_run(out.data() + at, room);
-      out.resize(at + got);
-      i += static_cast<std::uint32_t>(got);
+      i += static_cast<std::uint32_t>(ctx.reader.read_int64_run(out, count - i));
       if (i == count) break;
     }
     T& item = out.emplace_back();

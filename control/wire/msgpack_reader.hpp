@@ -11,6 +11,7 @@
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kvnode/wire/wide_int.hpp"
 
@@ -95,17 +96,17 @@ class MsgpackReader {
     p_ += bytes.size();
     return true;
   }
-  // Reads up to `max` consecutive 8-byte ints (msgpack int 64 / uint 64, how CPython's hashes
-  // travel) into out; returns how many. A hash list is mostly these: one tight loop for them,
-  // read_int for anything else.
-  std::size_t read_int64_run(WideInt* out, std::size_t max) {
+  // Appends the run of consecutive 8-byte ints (msgpack int 64 / uint 64, how CPython's hashes
+  // travel) that starts here, at most `max` of them, to out; returns how many. Only what is read
+  // is appended, so a list of other ints costs nothing here (read_int takes those).
+  std::size_t read_int64_run(std::vector<WideInt>& out, std::size_t max) {
     std::size_t n = 0;
-    for (; n < max && remaining() >= 9; ++n, p_ += 9) {
+    for (; n < max && end_ - p_ >= 9; ++n, p_ += 9) {
       const std::uint64_t v = load_be<std::uint64_t>(p_ + 1);
       if (*p_ == 0xd3)
-        out[n] = WideInt(static_cast<std::int64_t>(v));
+        out.push_back(WideInt(static_cast<std::int64_t>(v)));
       else if (*p_ == 0xcf)
-        out[n] = WideInt::from_unsigned(v);
+        out.push_back(WideInt::from_unsigned(v));
       else
         break;
     }

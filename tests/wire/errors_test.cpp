@@ -1,6 +1,8 @@
 // Rejections beyond the conformance files: each names the problem and the path, as msgspec does.
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include "kvnode/wire/codec.hpp"
 #include "kvnode/wire/json.hpp"
 #include "support/shared_files.hpp"
@@ -268,6 +270,23 @@ TEST(Decoding, HashListsOfAnyIntWidthDecodeAlikeAndFailWithTheirPath) {
     ASSERT_NE(at, std::string::npos);
     bytes.resize(at + keep);
     EXPECT_EQ(error_of(bytes), "Input data was truncated") << keep;
+  }
+}
+
+// The bulk path must cost nothing on lists of other ints: a message of 500 k one-byte ints (any
+// peer may send one) once cost time quadratic in its length (minutes), now a few milliseconds.
+TEST(Decoding, LongListsOfSmallIntsDecodeInLinearTime) {
+  for (const bool alternate : {false, true}) {
+    BatchedP2PLookupMsg lookup{{}, "i", 0};
+    for (int i = 0; i < 500000; ++i)
+      lookup.hashes.push_back(alternate && i % 2 ? ChunkHash(-1ll << 40) : ChunkHash(i % 100));
+    const std::string bytes = encode(Msg{lookup});
+    const auto start = std::chrono::steady_clock::now();
+    auto r = decode(bytes);
+    const auto spent = std::chrono::steady_clock::now() - start;
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(std::get<BatchedP2PLookupMsg>(*r).hashes, lookup.hashes);
+    EXPECT_LT(spent, std::chrono::seconds(5)) << "alternate " << alternate;  // linear: well under 0.1 s
   }
 }
 

@@ -36,10 +36,15 @@ TEST(KvIndex, SignedAndUnsignedHashesWithEqualBitsAreDistinct) {
   const ChunkHash minus_one(-1);
   const ChunkHash max_u64 = ChunkHash::from_unsigned(~0ull);
   ASSERT_EQ(minus_one.bits(), max_u64.bits());
+  EXPECT_EQ(index.leading_held(std::vector{minus_one}, a), 0u);  // empty table
   EXPECT_TRUE(index.insert(minus_one, a));
   EXPECT_FALSE(index.contains(max_u64, a));
+  EXPECT_EQ(index.leading_held(std::vector{minus_one, max_u64}, a), 1u);
+  EXPECT_EQ(index.leading_held(std::vector{max_u64, minus_one}, a), 0u);
   EXPECT_TRUE(index.insert(max_u64, a));
   EXPECT_EQ(index.size(), 2u);
+  EXPECT_EQ(index.leading_held(std::vector{max_u64, minus_one}, a), 2u);
+  EXPECT_EQ(index.leading_held(std::vector{max_u64, minus_one}, a + 1), 0u);  // no such holder
 }
 
 TEST(KvIndex, ForEachHolderListsEveryLiveHolderOnce) {
