@@ -81,6 +81,7 @@ Result<zmq::socket_t> bind_socket(zmq::context_t& ctx, zmq::socket_type type, co
     zmq::socket_t socket(ctx, type);
     socket.set(zmq::sockopt::linger, 0);
     socket.set(zmq::sockopt::affinity, std::uint64_t{1} << io_thread);
+    socket.set(zmq::sockopt::maxmsgsize, kMaxMessageBytes);
     // 1000 batches (ZMQ's default): about 40 MB of 1000-op batches. A deeper queue only adds lag
     // behind the workers, and its memory churn (heaps grown and given back) slowed ingest by 20 %.
     if (type == zmq::socket_type::pull) socket.set(zmq::sockopt::rcvhwm, kPullHwm);

@@ -105,6 +105,32 @@ TEST_F(ControllerSockets, BadPullFramesAreSkippedAndIngestNeverStops) {
   EXPECT_TRUE(eventually([&] { return hits(d, 1, 20, "inst-B") == 20; }));
 }
 
+// A frame over kMaxMessageBytes closes the connection that sent it (ZMQ allocates nothing for
+// it): no ErrorMsg comes back, and every other peer, the sender's next connection too, is served.
+TEST_F(ControllerSockets, FramesOverTheSizeLimitCloseTheirConnectionOnly) {
+  const std::string huge(static_cast<std::size_t>(kMaxMessageBytes) + 1, '\xc1');
+  Dealer d(ctx, ctl->ports().reply);
+  d.call_as<wire::RegisterRetMsg>(worker("inst-A", 0, 18501));
+  {
+    zmq::socket_t big(ctx, zmq::socket_type::dealer);
+    big.set(zmq::sockopt::linger, 0);
+    big.set(zmq::sockopt::rcvtimeo, 1000);
+    big.connect("tcp://127.0.0.1:" + std::to_string(ctl->ports().reply));
+    big.send(zmq::str_buffer(""), zmq::send_flags::sndmore);
+    big.send(zmq::buffer(huge), zmq::send_flags::none);
+    zmq::message_t reply;  // a frame this size below the limit would get an ErrorMsg
+    EXPECT_FALSE(big.recv(reply));
+  }
+  {
+    Pusher p(ctx, ctl->ports().pull);
+    p.send_frames({huge});
+  }
+  Pusher p(ctx, ctl->ports().pull);
+  p.send(admits("inst-A", 1, 10));
+  EXPECT_TRUE(eventually([&] { return hits(d, 1, 10, "inst-B") == 10; }));
+  EXPECT_TRUE(std::holds_alternative<wire::RegisterRetMsg>(d.call(worker("inst-A", 1, 18502))));
+}
+
 TEST_F(ControllerSockets, JsonPayloadsWorkOnEverySocket) {
   Dealer d(ctx, ctl->ports().reply);
   Dealer hb(ctx, ctl->ports().heartbeat);

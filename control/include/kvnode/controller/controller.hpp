@@ -5,12 +5,18 @@
 // the reaper and the full-sync timeout.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include "kvnode/common/result.hpp"
 #include "kvnode/controller/config.hpp"
 
 namespace kvnode::controller {
+
+// The largest frame any controller socket accepts. A 1000-op batch is ~43 KB, a full-sync batch
+// of 2000 keys ~20 KB, a 1 M-token LookupMsg ~5 MB; a bigger frame is hostile, and ZMQ drops the
+// connection that sent it before anything is allocated for it.
+inline constexpr std::int64_t kMaxMessageBytes = std::int64_t{64} << 20;
 
 struct BoundPorts {
   int pull = -1;
