@@ -280,6 +280,7 @@ struct Controller::Impl {
     const auto& c = config;
     FanOutOptions fanout_options;
     fanout_options.io_affinity = std::uint64_t{1} << kRequestIoThread;
+    fanout_options.max_reply_bytes = kMaxMessageBytes;
     fanout = std::make_unique<FanOut>(ctx, fanout_options);
     OrchestratorOptions orch;
     orch.fanout_deadline =

@@ -146,6 +146,7 @@ class Executor {
             std::clamp(options.late_reply_window, std::chrono::milliseconds{0}, kLongestDeadline)),
         max_late_(options.max_late_pending),
         io_affinity_(options.io_affinity),
+        max_reply_bytes_(options.max_reply_bytes),
         shared_(shared) {}
 
   void run() {
@@ -162,6 +163,7 @@ class Executor {
   struct Conn {
     zmq::socket_t socket;
     std::string endpoint;
+    std::uint64_t unanswered = 0;  // requests sent whose reply has not come back (an upper bound)
   };
   struct Call {
     std::vector<std::optional<Result<std::string>>> results;
@@ -241,26 +243,47 @@ class Executor {
   Result<std::uint64_t> send(const FanOutTarget& target, std::uint64_t call_id, std::size_t index) {
     auto conn = connection(target.worker_key, target.endpoint);
     if (!conn) return std::move(conn).error();
-    Conn& c = **conn;
     const auto id = next_request_id_++;
     try {
-      if (!c.socket.send(zmq::const_buffer(&id, kIdSize),
-                         zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
-        return make_error("send queue to " + target.endpoint + " is full (" +
-                          std::to_string(kSendHwm) + " requests waiting)");
+      if (!try_send(**conn, id, target.payload)) {
+        // The queue holds only unanswered requests, and ZMQ's writer learns what left it in steps
+        // of half the HWM, so with at most kSendHwm / 2 unanswered the queue cannot look full: the
+        // connection has no pipe. ZMQ ends a connecting socket's pipe for good after a protocol
+        // error (a reply over max_reply_bytes, a peer that is not ZMTP); a new socket reconnects.
+        if ((*conn)->unanswered > static_cast<std::uint64_t>(kSendHwm / 2)) {
+          return make_error("send queue to " + target.endpoint + " is full (" +
+                            std::to_string(kSendHwm) + " requests waiting)");
+        }
+        drop(target.worker_key, "connection to " + target.endpoint +
+                                    " closed by a protocol error (e.g. a reply over " +
+                                    std::to_string(max_reply_bytes_) + " bytes)");
+        conn = connection(target.worker_key, target.endpoint);
+        if (!conn) return std::move(conn).error();
+        if (!try_send(**conn, id, target.payload)) {
+          return make_error("cannot queue a request to " + target.endpoint);
+        }
       }
-      // Once the first frame is queued, ZMQ accepts the rest of the message.
-      (void)c.socket.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::sndmore);
-      (void)c.socket.send(zmq::buffer(target.payload), zmq::send_flags::none);
     } catch (const zmq::error_t& e) {
       // A half-sent message would corrupt the next one, so the socket goes.
       const std::string why = "cannot send to " + target.endpoint + ": " + e.what();
       drop(target.worker_key, why);
       return make_error(why);
     }
-    pending_.emplace(id, Pending{call_id, index, &c});
+    ++(*conn)->unanswered;
+    pending_.emplace(id, Pending{call_id, index, *conn});
     shared_.requests.fetch_add(1, std::memory_order_relaxed);
     return id;
+  }
+
+  // False when ZMQ would block; once the first frame is queued, ZMQ accepts the rest.
+  static bool try_send(Conn& c, std::uint64_t id, const std::string& payload) {
+    if (!c.socket.send(zmq::const_buffer(&id, kIdSize),
+                       zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
+      return false;
+    }
+    (void)c.socket.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::sndmore);
+    (void)c.socket.send(zmq::buffer(payload), zmq::send_flags::none);
+    return true;
   }
 
   // The worker's DEALER, created and connected on first use.
@@ -274,6 +297,7 @@ class Executor {
       zmq::socket_t socket(ctx_, zmq::socket_type::dealer);
       socket.set(zmq::sockopt::linger, 0);
       if (io_affinity_) socket.set(zmq::sockopt::affinity, io_affinity_);
+      socket.set(zmq::sockopt::maxmsgsize, max_reply_bytes_);
       socket.set(zmq::sockopt::sndhwm, kSendHwm);
       socket.set(zmq::sockopt::reconnect_ivl, kReconnectIvlMs);
       socket.set(zmq::sockopt::reconnect_ivl_max, kReconnectIvlMaxMs);
@@ -362,14 +386,17 @@ class Executor {
     late_order_.pop_front();
   }
 
-  void on_reply(const Conn& conn, Reply reply) {
+  void on_reply(Conn& conn, Reply reply) {
     if (auto p = pending_.find(reply.id); p != pending_.end() && p->second.conn == &conn) {
       const auto pending = p->second;
       pending_.erase(p);
+      --conn.unanswered;
       settle(pending.call_id, pending.index, std::move(reply.body));
       return;
     }
     if (auto l = late_.find(reply.id); l != late_.end()) {
+      // Ids are never reused and a dropped socket reads nothing more, so it was sent on conn.
+      if (conn.unanswered > 0) --conn.unanswered;
       const auto late = std::move(l->second);
       late_.erase(l);
       shared_.late_replies.fetch_add(1, std::memory_order_relaxed);
@@ -454,6 +481,7 @@ class Executor {
   const std::chrono::milliseconds late_window_;
   const std::size_t max_late_;
   const std::uint64_t io_affinity_;
+  const std::int64_t max_reply_bytes_;
   Shared& shared_;
   std::uint64_t next_call_id_ = 1;
   std::uint64_t next_request_id_ = 1;            // 0 marks a malformed reply, so ids start at 1

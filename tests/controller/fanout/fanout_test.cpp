@@ -311,6 +311,23 @@ TEST(FanOut, StrayAndMalformedRepliesAreDropped) {
   EXPECT_EQ(fanout.stats().dropped_replies, 2u);  // both came before the real reply
 }
 
+// A reply over max_reply_bytes ends its connection unread, and ZMQ never reconnects a socket after
+// a protocol error: that request fails at its deadline, and the next call, rather than finding a
+// "full" queue, gets a new socket and is served.
+TEST(FanOut, AReplyOverTheSizeCapFailsAtTheDeadlineAndTheNextCallIsServed) {
+  zmq::context_t ctx;
+  FakeWorker worker(ctx);
+  FanOutOptions options;
+  options.max_reply_bytes = 1024;
+  FanOut fanout(ctx, options);
+  auto big = fanout.call({target("w", worker.endpoint(), std::string(2000, 'x'))}, 500ms);
+  EXPECT_EQ(text(get(big).at(0)), "error: no reply from " + worker.endpoint() + " within 500 ms");
+  auto small = fanout.call({target("w", worker.endpoint(), std::string(1000, 'y'))}, 5000ms);
+  EXPECT_EQ(text(get(small).at(0)), "ok: echo:" + std::string(1000, 'y'));
+  EXPECT_TRUE(eventually([&] { return worker.answered() == 2; }));  // counted after its send
+  EXPECT_EQ(fanout.stats().open_sockets, 1u);
+}
+
 TEST(FanOut, DestructorCompletesPendingCallsAtOnce) {
   zmq::context_t ctx;
   FakeWorker hung(ctx, FakeWorker::never_answer());

@@ -44,6 +44,10 @@ struct FanOutOptions {
   // ZMQ_AFFINITY of the worker sockets: which of the context's I/O threads serve them (0: any),
   // so the controller keeps them off the thread that reads ingest.
   std::uint64_t io_affinity = 0;
+  // ZMQ_MAXMSGSIZE of the worker sockets. Worker replies are a few hundred bytes; anyone can
+  // register a "worker", so a bigger frame closes that connection (its request then fails at its
+  // deadline) before anything is allocated for it.
+  std::int64_t max_reply_bytes = std::int64_t{64} << 20;
 };
 
 class FanOut {
