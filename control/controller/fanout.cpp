@@ -33,7 +33,8 @@ using Results = std::vector<Result<std::string>>;
 
 // Requests queued per worker before sends fail at once. A hung worker fills its queue within a
 // few calls' worth of traffic; failing fast beyond that beats piling up stale commands that a
-// worker coming back would still execute.
+// worker coming back would still execute (and once none is awaited, needs_new_socket() discards
+// them).
 constexpr int kSendHwm = 256;
 // Reconnect quickly to a worker that restarts, but back off (to 1 s) from one that stays down.
 constexpr int kReconnectIvlMs = 100;
@@ -163,7 +164,12 @@ class Executor {
   struct Conn {
     zmq::socket_t socket;
     std::string endpoint;
-    std::uint64_t unanswered = 0;  // requests sent whose reply has not come back (an upper bound)
+    std::uint64_t serial;  // unique per socket ever opened, unlike its address
+    // Ids of the requests sent and not yet known to be read by the worker. REP answers in order,
+    // so a reply to id k means every earlier request on this socket left the queue, answered or
+    // lost: the count cannot creep up with requests that are never answered.
+    std::deque<std::uint64_t> unanswered;
+    std::size_t awaited = 0;  // requests on this socket whose call still waits (in pending_)
   };
   struct Call {
     std::vector<std::optional<Result<std::string>>> results;
@@ -178,11 +184,12 @@ class Executor {
   struct Pending {
     std::uint64_t call_id;
     std::size_t index;
-    const Conn* conn;  // a reply counts only on the socket its request left by
+    Conn* conn;  // a reply counts only on the socket its request left by
   };
   struct Late {
     std::shared_ptr<const LateReplyFn> on_late;
     std::size_t index;
+    std::uint64_t conn_serial;  // only the socket the request left by may answer it
   };
   struct LateOrder {
     Clock::time_point expiry;
@@ -245,15 +252,18 @@ class Executor {
     if (!conn) return std::move(conn).error();
     const auto id = next_request_id_++;
     try {
-      if (!try_send(**conn, id, target.payload)) {
-        // The queue holds only unanswered requests, and ZMQ's writer learns what left it in steps
-        // of half the HWM, so with at most kSendHwm / 2 unanswered the queue cannot look full: the
-        // connection has no pipe. ZMQ ends a connecting socket's pipe for good after a protocol
-        // error (a reply over max_reply_bytes, a peer that is not ZMTP); a new socket reconnects.
-        if ((*conn)->unanswered > static_cast<std::uint64_t>(kSendHwm / 2)) {
+      bool queued = try_send(**conn, id, target.payload);
+      if (!queued) {
+        // Reading ZMQ_EVENTS processes the commands that tell the writer what its pipe has sent.
+        (void)(*conn)->socket.get(zmq::sockopt::events);
+        queued = try_send(**conn, id, target.payload);
+      }
+      if (!queued) {
+        if (!needs_new_socket(**conn)) {
           return make_error("send queue to " + target.endpoint + " is full (" +
                             std::to_string(kSendHwm) + " requests waiting)");
         }
+        // Only the no-pipe case can have requests pending; they fail with this reason.
         drop(target.worker_key, "connection to " + target.endpoint +
                                     " closed by a protocol error (e.g. a reply over " +
                                     std::to_string(max_reply_bytes_) + " bytes)");
@@ -269,10 +279,22 @@ class Executor {
       drop(target.worker_key, why);
       return make_error(why);
     }
-    ++(*conn)->unanswered;
+    (*conn)->unanswered.push_back(id);
+    ++(*conn)->awaited;
     pending_.emplace(id, Pending{call_id, index, *conn});
     shared_.requests.fetch_add(1, std::memory_order_relaxed);
     return id;
+  }
+
+  // Whether a socket that refused a request should be replaced rather than called full. The
+  // queue holds only unanswered requests, and ZMQ's writer learns what left it in steps of half the
+  // HWM, so with at most kSendHwm / 2 unanswered the queue cannot look full: the connection has no
+  // pipe. ZMQ ends a connecting socket's pipe for good after a protocol error (a reply over
+  // max_reply_bytes, a peer that is not ZMTP); a new socket reconnects. A queue full of requests
+  // nobody waits for any more is replaced too: its commands are stale, and a pipe that died with
+  // them in it would look full forever.
+  static bool needs_new_socket(const Conn& c) {
+    return c.unanswered.size() <= static_cast<std::size_t>(kSendHwm / 2) || c.awaited == 0;
   }
 
   // False when ZMQ would block; once the first frame is queued, ZMQ accepts the rest.
@@ -304,7 +326,8 @@ class Executor {
       socket.set(zmq::sockopt::heartbeat_ivl, kHeartbeatIvlMs);
       socket.set(zmq::sockopt::heartbeat_timeout, kHeartbeatTimeoutMs);
       socket.connect(endpoint);  // no ZMQ_IMMEDIATE: requests queue until the worker is up
-      auto [it, inserted] = conns_.emplace(key, Conn{std::move(socket), endpoint});
+      auto [it, inserted] =
+          conns_.emplace(key, Conn{std::move(socket), endpoint, next_conn_serial_++, {}, 0});
       poll_dirty_ = true;
       shared_.open_sockets.store(conns_.size(), std::memory_order_relaxed);
       return &it->second;
@@ -358,8 +381,10 @@ class Executor {
       for (std::size_t i = 0; i < call.request_ids.size(); ++i) {
         const auto id = call.request_ids[i];
         if (id == 0) continue;
-        pending_.erase(id);
-        remember_late(id, call.on_late, i, now);
+        const auto p = pending_.find(id);
+        remember_late(id, call.on_late, i, p->second.conn->serial, now);
+        --p->second.conn->awaited;
+        pending_.erase(p);
         shared_.timeouts.fetch_add(1, std::memory_order_relaxed);
         call.results[i] = make_error("no reply from " + call.endpoints[i] + " within " +
                                      std::to_string(call.budget.count()) + " ms");
@@ -370,8 +395,8 @@ class Executor {
   }
 
   void remember_late(std::uint64_t id, const std::shared_ptr<const LateReplyFn>& on_late,
-                     std::size_t index, Clock::time_point now) {
-    late_.emplace(id, Late{on_late, index});
+                     std::size_t index, std::uint64_t conn_serial, Clock::time_point now) {
+    late_.emplace(id, Late{on_late, index, conn_serial});
     late_order_.push_back({now + late_window_, id});
     while (late_order_.size() > max_late_) forget_oldest_late();
   }
@@ -387,16 +412,19 @@ class Executor {
   }
 
   void on_reply(Conn& conn, Reply reply) {
+    if (reply.id != 0) {
+      while (!conn.unanswered.empty() && conn.unanswered.front() <= reply.id) {
+        conn.unanswered.pop_front();
+      }
+    }
     if (auto p = pending_.find(reply.id); p != pending_.end() && p->second.conn == &conn) {
       const auto pending = p->second;
       pending_.erase(p);
-      --conn.unanswered;
+      --conn.awaited;
       settle(pending.call_id, pending.index, std::move(reply.body));
       return;
     }
-    if (auto l = late_.find(reply.id); l != late_.end()) {
-      // Ids are never reused and a dropped socket reads nothing more, so it was sent on conn.
-      if (conn.unanswered > 0) --conn.unanswered;
+    if (auto l = late_.find(reply.id); l != late_.end() && l->second.conn_serial == conn.serial) {
       const auto late = std::move(l->second);
       late_.erase(l);
       shared_.late_replies.fetch_add(1, std::memory_order_relaxed);
@@ -484,6 +512,7 @@ class Executor {
   const std::int64_t max_reply_bytes_;
   Shared& shared_;
   std::uint64_t next_call_id_ = 1;
+  std::uint64_t next_conn_serial_ = 1;
   std::uint64_t next_request_id_ = 1;            // 0 marks a malformed reply, so ids start at 1
   std::unordered_map<std::string, Conn> conns_;  // node-based: Conn addresses stay valid
   std::unordered_map<std::uint64_t, Call> calls_;

@@ -328,6 +328,107 @@ TEST(FanOut, AReplyOverTheSizeCapFailsAtTheDeadlineAndTheNextCallIsServed) {
   EXPECT_EQ(fanout.stats().open_sockets, 1u);
 }
 
+// A worker whose queue filled while it was down, once no call waits for those requests any more,
+// gets a new socket: when it comes back it runs the new request, not 256 stale ones.
+TEST(FanOut, AFullQueueOfTimedOutRequestsIsReplacedAndNeverDelivered) {
+  zmq::context_t ctx;
+  const auto endpoint = unused_endpoint(ctx);
+  FanOut fanout(ctx);
+  auto stale = fanout.call(std::vector<FanOutTarget>(300, target("w", endpoint, "stale")), 200ms);
+  const auto stale_results = get(stale);
+  ASSERT_EQ(stale_results.size(), 300u);
+  EXPECT_NE(text(stale_results.back()).find("is full"), std::string::npos);
+  FakeWorker worker(ctx, FakeWorker::answer_now(), endpoint);
+  auto fresh = fanout.call({target("w", endpoint, "fresh")}, 5000ms);
+  EXPECT_EQ(text(get(fresh).at(0)), "ok: echo:fresh");
+  std::this_thread::sleep_for(200ms);  // stale requests, were any delivered, would be answered now
+  EXPECT_EQ(worker.answered(), 1);
+  EXPECT_EQ(fanout.stats().open_sockets, 1u);
+}
+
+// A worker that sits on more than half a queue of requests and then breaks the protocol: ZMQ ends
+// that connection for good, and the requests it held never come back. Once they have timed out,
+// the next call gets a new socket instead of a "full" queue forever.
+TEST(FanOut, AProtocolErrorWithManyRequestsUnansweredDoesNotWedgeTheWorker) {
+  zmq::context_t ctx;
+  zmq::socket_t router(ctx, zmq::socket_type::router);
+  router.set(zmq::sockopt::linger, 0);
+  router.bind("tcp://127.0.0.1:*");
+  const auto endpoint = router.get(zmq::sockopt::last_endpoint);
+  constexpr int kHeld = 200;
+  std::promise<void> timed_out;
+  std::thread worker([&router, &timed_out] {
+    std::array<zmq::message_t, 4> request;  // [peer, id, "", payload]
+    std::string peer;
+    for (int i = 0; i < kHeld; ++i) {
+      zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
+      if (zmq::poll(&item, 1, std::chrono::milliseconds(kPatience)) == 0) return;
+      for (auto& frame : request) (void)router.recv(frame);
+      peer = request[0].to_string();
+    }
+    timed_out.get_future().wait();
+    (void)router.send(zmq::buffer(peer), zmq::send_flags::sndmore);
+    (void)router.send(zmq::buffer(std::string(2048, 'x')));  // over the cap: a protocol error
+    zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
+    if (zmq::poll(&item, 1, std::chrono::milliseconds(kPatience)) == 0) return;
+    for (auto& frame : request) (void)router.recv(frame);
+    (void)router.send(zmq::buffer(request[0].to_string()), zmq::send_flags::sndmore);
+    (void)router.send(zmq::buffer(request[1].to_string()), zmq::send_flags::sndmore);
+    (void)router.send(zmq::str_buffer(""), zmq::send_flags::sndmore);
+    (void)router.send(zmq::buffer("echo:" + request[3].to_string()));
+  });
+  FanOutOptions options;
+  options.max_reply_bytes = 1024;
+  FanOut fanout(ctx, options);
+  auto held = fanout.call(std::vector<FanOutTarget>(kHeld, target("w", endpoint, "held")), 300ms);
+  EXPECT_EQ(get(held).size(), static_cast<std::size_t>(kHeld));
+  timed_out.set_value();
+  std::this_thread::sleep_for(200ms);  // the oversized frame ends the connection
+  auto next = fanout.call({target("w", endpoint, "next")}, 5000ms);
+  EXPECT_EQ(text(get(next).at(0)), "ok: echo:next");
+  worker.join();
+}
+
+// Request ids are sequential, so any "worker" can guess another's. A reply counts, late or not,
+// only on the socket its request left by.
+TEST(FanOut, ALateReplyIsTakenOnlyFromTheWorkerItWasSentTo) {
+  zmq::context_t ctx;
+  FakeWorker hung(ctx, FakeWorker::never_answer());
+  zmq::socket_t router(ctx, zmq::socket_type::router);
+  router.set(zmq::sockopt::linger, 0);
+  router.bind("tcp://127.0.0.1:*");
+  const auto endpoint = router.get(zmq::sockopt::last_endpoint);
+  std::thread rogue([&router] {
+    zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
+    if (zmq::poll(&item, 1, std::chrono::milliseconds(kPatience)) == 0) return;
+    std::array<zmq::message_t, 4> request;  // [peer, id, "", payload]
+    for (auto& frame : request) (void)router.recv(frame);
+    std::uint64_t id = 0;
+    std::memcpy(&id, request[1].data(), sizeof id);
+    const std::uint64_t guessed = id - 1;  // the hung worker's request
+    const auto more = zmq::send_flags::sndmore;
+    (void)router.send(zmq::buffer(request[0].to_string()), more);
+    (void)router.send(zmq::const_buffer(&guessed, sizeof guessed), more);
+    (void)router.send(zmq::str_buffer(""), more);
+    (void)router.send(zmq::str_buffer("forged"));
+    (void)router.send(zmq::buffer(request[0].to_string()), more);
+    (void)router.send(zmq::buffer(request[1].to_string()), more);
+    (void)router.send(zmq::str_buffer(""), more);
+    (void)router.send(zmq::buffer("echo:" + request[3].to_string()));
+  });
+  FanOut fanout(ctx);
+  std::atomic<int> late_calls{0};
+  auto first = fanout.call({target("h", hung.endpoint(), "x")}, 100ms,
+                           [&late_calls](std::size_t, const std::string&) { ++late_calls; });
+  EXPECT_FALSE(get(first).at(0).ok());
+  auto second = fanout.call({target("r", endpoint, "y")}, 5000ms);
+  EXPECT_EQ(text(get(second).at(0)), "ok: echo:y");
+  rogue.join();
+  EXPECT_EQ(late_calls, 0);
+  EXPECT_EQ(fanout.stats().late_replies, 0u);
+  EXPECT_EQ(fanout.stats().dropped_replies, 1u);
+}
+
 TEST(FanOut, DestructorCompletesPendingCallsAtOnce) {
   zmq::context_t ctx;
   FakeWorker hung(ctx, FakeWorker::never_answer());
