@@ -33,8 +33,8 @@ using Results = std::vector<Result<std::string>>;
 
 // Requests queued per worker before sends fail at once. A hung worker fills its queue within a
 // few calls' worth of traffic; failing fast beyond that beats piling up stale commands that a
-// worker coming back would still execute (and once none is awaited, needs_new_socket() discards
-// them).
+// worker coming back would still execute (and a full queue that no call awaits any more is
+// discarded: needs_new_socket()).
 constexpr int kSendHwm = 256;
 // Reconnect quickly to a worker that restarts, but back off (to 1 s) from one that stays down.
 constexpr int kReconnectIvlMs = 100;
@@ -48,6 +48,7 @@ constexpr std::chrono::milliseconds kMaxPollWait{100};
 // Replies read from one socket per wake-up, so one chatty worker cannot starve the others.
 constexpr int kMaxRepliesPerWake = 1024;
 constexpr std::size_t kIdSize = sizeof(std::uint64_t);
+constexpr std::size_t kMaxInFlightTracked = 65536;  // request ids remembered per worker socket
 // Longer deadlines (and late-reply windows) are cut to this, so "wait forever"
 // (milliseconds::max()) cannot overflow the clock's nanosecond time_point.
 constexpr std::chrono::milliseconds kLongestDeadline = std::chrono::hours(24 * 365);
@@ -279,7 +280,11 @@ class Executor {
       drop(target.worker_key, why);
       return make_error(why);
     }
-    (*conn)->unanswered.push_back(id);
+    auto& in_flight = (*conn)->unanswered;
+    in_flight.push_back(id);  // ids only grow, so the deque stays sorted
+    // A worker that reads and never answers would grow it forever; the oldest go, and since the
+    // bound is far above kSendHwm / 2 the count still never looks smaller than the queue.
+    if (in_flight.size() > kMaxInFlightTracked) in_flight.pop_front();
     ++(*conn)->awaited;
     pending_.emplace(id, Pending{call_id, index, *conn});
     shared_.requests.fetch_add(1, std::memory_order_relaxed);
@@ -412,10 +417,10 @@ class Executor {
   }
 
   void on_reply(Conn& conn, Reply reply) {
-    if (reply.id != 0) {
-      while (!conn.unanswered.empty() && conn.unanswered.front() <= reply.id) {
-        conn.unanswered.pop_front();
-      }
+    // Only an id sent on this socket says how far the worker has read; another is ignored.
+    auto& in_flight = conn.unanswered;
+    if (std::binary_search(in_flight.begin(), in_flight.end(), reply.id)) {
+      while (!in_flight.empty() && in_flight.front() <= reply.id) in_flight.pop_front();
     }
     if (auto p = pending_.find(reply.id); p != pending_.end() && p->second.conn == &conn) {
       const auto pending = p->second;

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <future>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "fake_worker.hpp"
@@ -338,12 +339,67 @@ TEST(FanOut, AFullQueueOfTimedOutRequestsIsReplacedAndNeverDelivered) {
   const auto stale_results = get(stale);
   ASSERT_EQ(stale_results.size(), 300u);
   EXPECT_NE(text(stale_results.back()).find("is full"), std::string::npos);
-  FakeWorker worker(ctx, FakeWorker::answer_now(), endpoint);
+  // Sent while the worker is still down, so the old socket is closed before it could connect.
   auto fresh = fanout.call({target("w", endpoint, "fresh")}, 5000ms);
+  std::this_thread::sleep_for(50ms);
+  FakeWorker worker(ctx, FakeWorker::answer_now(), endpoint);
   EXPECT_EQ(text(get(fresh).at(0)), "ok: echo:fresh");
   std::this_thread::sleep_for(200ms);  // stale requests, were any delivered, would be answered now
   EXPECT_EQ(worker.answered(), 1);
   EXPECT_EQ(fanout.stats().open_sockets, 1u);
+}
+
+// A misbehaving worker for the protocol-error tests: a ROUTER, driven step by step from one thread.
+class RouterWorker {
+ public:
+  struct Request {
+    std::string peer, id, payload;
+  };
+  explicit RouterWorker(zmq::context_t& ctx) : socket_(ctx, zmq::socket_type::router) {
+    socket_.set(zmq::sockopt::linger, 0);
+    socket_.bind("tcp://127.0.0.1:*");
+    endpoint_ = socket_.get(zmq::sockopt::last_endpoint);
+  }
+  const std::string& endpoint() const { return endpoint_; }
+
+  std::optional<Request> take(std::chrono::milliseconds wait = kPatience) {
+    zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
+    if (zmq::poll(&item, 1, wait) == 0) return std::nullopt;
+    std::array<zmq::message_t, 4> frames;  // [peer, id, "", payload]
+    for (auto& frame : frames) (void)socket_.recv(frame);
+    return Request{frames[0].to_string(), frames[1].to_string(), frames[3].to_string()};
+  }
+  void echo(const Request& r) {
+    const auto more = zmq::send_flags::sndmore;
+    (void)socket_.send(zmq::buffer(r.peer), more);
+    (void)socket_.send(zmq::buffer(r.id), more);
+    (void)socket_.send(zmq::str_buffer(""), more);
+    (void)socket_.send(zmq::buffer("echo:" + r.payload));
+  }
+  void send_oversized(const std::string& peer, std::size_t bytes) {
+    (void)socket_.send(zmq::buffer(peer), zmq::send_flags::sndmore);
+    (void)socket_.send(zmq::buffer(std::string(bytes, 'x')));
+  }
+  void echo_until(const std::atomic<bool>& stop) {
+    while (!stop) {
+      if (auto r = take(20ms)) echo(*r);
+    }
+  }
+
+ private:
+  zmq::socket_t socket_;
+  std::string endpoint_;
+};
+
+// Calls the worker until one is answered; a request that went into a dying connection is lost
+// and waits for its deadline, so one call alone would race the connection's end.
+bool served_within(FanOut& fanout, const std::string& endpoint, std::chrono::milliseconds bound) {
+  const auto give_up = Clock::now() + bound;
+  while (Clock::now() < give_up) {
+    auto next = fanout.call({target("w", endpoint, "next")}, 300ms);
+    if (text(get(next).at(0)) == "ok: echo:next") return true;
+  }
+  return false;
 }
 
 // A worker that sits on more than half a queue of requests and then breaks the protocol: ZMQ ends
@@ -351,42 +407,72 @@ TEST(FanOut, AFullQueueOfTimedOutRequestsIsReplacedAndNeverDelivered) {
 // the next call gets a new socket instead of a "full" queue forever.
 TEST(FanOut, AProtocolErrorWithManyRequestsUnansweredDoesNotWedgeTheWorker) {
   zmq::context_t ctx;
-  zmq::socket_t router(ctx, zmq::socket_type::router);
-  router.set(zmq::sockopt::linger, 0);
-  router.bind("tcp://127.0.0.1:*");
-  const auto endpoint = router.get(zmq::sockopt::last_endpoint);
+  RouterWorker router(ctx);
   constexpr int kHeld = 200;
   std::promise<void> timed_out;
-  std::thread worker([&router, &timed_out] {
-    std::array<zmq::message_t, 4> request;  // [peer, id, "", payload]
+  std::atomic<bool> stop{false};
+  std::thread worker([&] {
     std::string peer;
     for (int i = 0; i < kHeld; ++i) {
-      zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
-      if (zmq::poll(&item, 1, std::chrono::milliseconds(kPatience)) == 0) return;
-      for (auto& frame : request) (void)router.recv(frame);
-      peer = request[0].to_string();
+      if (auto r = router.take()) peer = r->peer;
     }
     timed_out.get_future().wait();
-    (void)router.send(zmq::buffer(peer), zmq::send_flags::sndmore);
-    (void)router.send(zmq::buffer(std::string(2048, 'x')));  // over the cap: a protocol error
-    zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
-    if (zmq::poll(&item, 1, std::chrono::milliseconds(kPatience)) == 0) return;
-    for (auto& frame : request) (void)router.recv(frame);
-    (void)router.send(zmq::buffer(request[0].to_string()), zmq::send_flags::sndmore);
-    (void)router.send(zmq::buffer(request[1].to_string()), zmq::send_flags::sndmore);
-    (void)router.send(zmq::str_buffer(""), zmq::send_flags::sndmore);
-    (void)router.send(zmq::buffer("echo:" + request[3].to_string()));
+    router.send_oversized(peer, 2048);
+    router.echo_until(stop);
   });
   FanOutOptions options;
   options.max_reply_bytes = 1024;
   FanOut fanout(ctx, options);
-  auto held = fanout.call(std::vector<FanOutTarget>(kHeld, target("w", endpoint, "held")), 300ms);
+  auto held =
+      fanout.call(std::vector<FanOutTarget>(kHeld, target("w", router.endpoint(), "held")), 300ms);
   EXPECT_EQ(get(held).size(), static_cast<std::size_t>(kHeld));
   timed_out.set_value();
-  std::this_thread::sleep_for(200ms);  // the oversized frame ends the connection
-  auto next = fanout.call({target("w", endpoint, "next")}, 5000ms);
-  EXPECT_EQ(text(get(next).at(0)), "ok: echo:next");
+  EXPECT_TRUE(served_within(fanout, router.endpoint(), 5s));
+  stop = true;
   worker.join();
+}
+
+// Requests whose replies came too late to be remembered still count as read, so a protocol error
+// afterwards is recognised at once: the request in flight fails with it, well before its deadline,
+// and the worker is served again (counting replies, as first written, saw a full queue instead).
+TEST(FanOut, RequestsAnsweredTooLateStillCountAsRead) {
+  zmq::context_t ctx;
+  RouterWorker router(ctx);
+  constexpr int kLate = 200;
+  std::promise<void> timed_out;
+  std::promise<void> answered;
+  std::atomic<bool> stop{false};
+  std::thread worker([&] {
+    std::vector<RouterWorker::Request> held;
+    for (int i = 0; i < kLate; ++i) {
+      if (auto r = router.take()) held.push_back(*r);
+    }
+    timed_out.get_future().wait();
+    for (const auto& r : held) router.echo(r);
+    answered.get_future().wait();
+    if (auto r = router.take()) router.send_oversized(r->peer, 2048);  // the long call's request
+    router.echo_until(stop);
+  });
+  FanOutOptions options;
+  options.max_reply_bytes = 1024;
+  options.max_late_pending = 0;  // late replies are not recognised, only dropped
+  FanOut fanout(ctx, options);
+  const auto endpoint = router.endpoint();
+  auto late = fanout.call(std::vector<FanOutTarget>(kLate, target("w", endpoint, "late")), 300ms);
+  EXPECT_EQ(get(late).size(), static_cast<std::size_t>(kLate));
+  timed_out.set_value();
+  EXPECT_TRUE(eventually([&] { return fanout.stats().dropped_replies == kLate; }));
+  answered.set_value();
+  auto long_call = fanout.call({target("w", endpoint, "long")}, 60s);
+  EXPECT_TRUE(served_within(fanout, endpoint, 5s));
+  const bool failed_early = long_call.wait_for(0s) == std::future_status::ready;
+  stop = true;
+  worker.join();
+  ASSERT_TRUE(failed_early);
+  const auto result = long_call.get().at(0);
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(result.error().message.find("protocol error"), std::string::npos)
+      << result.error().message;
 }
 
 // Request ids are sequential, so any "worker" can guess another's. A reply counts, late or not,
@@ -394,27 +480,17 @@ TEST(FanOut, AProtocolErrorWithManyRequestsUnansweredDoesNotWedgeTheWorker) {
 TEST(FanOut, ALateReplyIsTakenOnlyFromTheWorkerItWasSentTo) {
   zmq::context_t ctx;
   FakeWorker hung(ctx, FakeWorker::never_answer());
-  zmq::socket_t router(ctx, zmq::socket_type::router);
-  router.set(zmq::sockopt::linger, 0);
-  router.bind("tcp://127.0.0.1:*");
-  const auto endpoint = router.get(zmq::sockopt::last_endpoint);
+  RouterWorker router(ctx);
+  const auto endpoint = router.endpoint();
   std::thread rogue([&router] {
-    zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
-    if (zmq::poll(&item, 1, std::chrono::milliseconds(kPatience)) == 0) return;
-    std::array<zmq::message_t, 4> request;  // [peer, id, "", payload]
-    for (auto& frame : request) (void)router.recv(frame);
+    const auto request = router.take();
+    if (!request) return;
     std::uint64_t id = 0;
-    std::memcpy(&id, request[1].data(), sizeof id);
+    std::memcpy(&id, request->id.data(), sizeof id);
     const std::uint64_t guessed = id - 1;  // the hung worker's request
-    const auto more = zmq::send_flags::sndmore;
-    (void)router.send(zmq::buffer(request[0].to_string()), more);
-    (void)router.send(zmq::const_buffer(&guessed, sizeof guessed), more);
-    (void)router.send(zmq::str_buffer(""), more);
-    (void)router.send(zmq::str_buffer("forged"));
-    (void)router.send(zmq::buffer(request[0].to_string()), more);
-    (void)router.send(zmq::buffer(request[1].to_string()), more);
-    (void)router.send(zmq::str_buffer(""), more);
-    (void)router.send(zmq::buffer("echo:" + request[3].to_string()));
+    router.echo({request->peer,
+                 std::string(reinterpret_cast<const char*>(&guessed), sizeof guessed), "forged"});
+    router.echo(*request);
   });
   FanOut fanout(ctx);
   std::atomic<int> late_calls{0};
