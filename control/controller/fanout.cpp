@@ -169,8 +169,7 @@ class Executor {
     // Ids of the requests sent and not yet known to be read by the worker. REP answers in order,
     // so a reply to id k means every earlier request on this socket left the queue, answered or
     // lost: the count cannot creep up with requests that are never answered.
-    std::deque<std::uint64_t> unanswered;
-    std::size_t awaited = 0;  // requests on this socket whose call still waits (in pending_)
+    std::deque<std::uint64_t> in_flight;
   };
   struct Call {
     std::vector<std::optional<Result<std::string>>> results;
@@ -185,7 +184,7 @@ class Executor {
   struct Pending {
     std::uint64_t call_id;
     std::size_t index;
-    Conn* conn;  // a reply counts only on the socket its request left by
+    const Conn* conn;  // a reply counts only on the socket its request left by
   };
   struct Late {
     std::shared_ptr<const LateReplyFn> on_late;
@@ -280,12 +279,11 @@ class Executor {
       drop(target.worker_key, why);
       return make_error(why);
     }
-    auto& in_flight = (*conn)->unanswered;
+    auto& in_flight = (*conn)->in_flight;
     in_flight.push_back(id);  // ids only grow, so the deque stays sorted
     // A worker that reads and never answers would grow it forever; the oldest go, and since the
     // bound is far above kSendHwm / 2 the count still never looks smaller than the queue.
     if (in_flight.size() > kMaxInFlightTracked) in_flight.pop_front();
-    ++(*conn)->awaited;
     pending_.emplace(id, Pending{call_id, index, *conn});
     shared_.requests.fetch_add(1, std::memory_order_relaxed);
     return id;
@@ -297,9 +295,12 @@ class Executor {
   // pipe. ZMQ ends a connecting socket's pipe for good after a protocol error (a reply over
   // max_reply_bytes, a peer that is not ZMTP); a new socket reconnects. A queue full of requests
   // nobody waits for any more is replaced too: its commands are stale, and a pipe that died with
-  // them in it would look full forever.
-  static bool needs_new_socket(const Conn& c) {
-    return c.unanswered.size() <= static_cast<std::size_t>(kSendHwm / 2) || c.awaited == 0;
+  // them in it would look full forever. Only a refused send asks, so the scan of pending_ stays off
+  // the common path.
+  bool needs_new_socket(const Conn& c) const {
+    if (c.in_flight.size() <= static_cast<std::size_t>(kSendHwm / 2)) return true;
+    return std::none_of(pending_.begin(), pending_.end(),
+                        [&c](const auto& entry) { return entry.second.conn == &c; });
   }
 
   // False when ZMQ would block; once the first frame is queued, ZMQ accepts the rest.
@@ -332,7 +333,7 @@ class Executor {
       socket.set(zmq::sockopt::heartbeat_timeout, kHeartbeatTimeoutMs);
       socket.connect(endpoint);  // no ZMQ_IMMEDIATE: requests queue until the worker is up
       auto [it, inserted] =
-          conns_.emplace(key, Conn{std::move(socket), endpoint, next_conn_serial_++, {}, 0});
+          conns_.emplace(key, Conn{std::move(socket), endpoint, next_conn_serial_++, {}});
       poll_dirty_ = true;
       shared_.open_sockets.store(conns_.size(), std::memory_order_relaxed);
       return &it->second;
@@ -388,7 +389,6 @@ class Executor {
         if (id == 0) continue;
         const auto p = pending_.find(id);
         remember_late(id, call.on_late, i, p->second.conn->serial, now);
-        --p->second.conn->awaited;
         pending_.erase(p);
         shared_.timeouts.fetch_add(1, std::memory_order_relaxed);
         call.results[i] = make_error("no reply from " + call.endpoints[i] + " within " +
@@ -418,14 +418,13 @@ class Executor {
 
   void on_reply(Conn& conn, Reply reply) {
     // Only an id sent on this socket says how far the worker has read; another is ignored.
-    auto& in_flight = conn.unanswered;
+    auto& in_flight = conn.in_flight;
     if (std::binary_search(in_flight.begin(), in_flight.end(), reply.id)) {
       while (!in_flight.empty() && in_flight.front() <= reply.id) in_flight.pop_front();
     }
     if (auto p = pending_.find(reply.id); p != pending_.end() && p->second.conn == &conn) {
       const auto pending = p->second;
       pending_.erase(p);
-      --conn.awaited;
       settle(pending.call_id, pending.index, std::move(reply.body));
       return;
     }
