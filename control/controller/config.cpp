@@ -20,6 +20,9 @@
 #include <system_error>
 #include <utility>
 
+#include "config_values.hpp"
+#include "kvnode/common/nearest_name.hpp"
+
 // control/CMakeLists.txt does not (yet) pass the project version to this library the way
 // tools/*/CMakeLists.txt do for their binaries; keep this equal to project(VERSION) until it does.
 #ifndef KVNODE_VERSION
@@ -34,188 +37,13 @@ using nlohmann::json;
 constexpr std::string_view kEnvPrefix = "LMCACHE_CONTROLLER_";
 constexpr std::string_view kConfigFileEnv = "LMCACHE_CONTROLLER_CONFIG_FILE";
 
-// One value for one key, as a source spelled it. Env, flags and extras give text; YAML may also
-// give null (~) or a mapping/sequence, carried as JSON so --monitor-ports' parser serves both.
-struct RawValue {
-  std::string text;
-  std::optional<json> structured;
-  bool null = false;
-};
-
-RawValue text_value(std::string text) {
-  RawValue v;
-  v.text = std::move(text);
-  return v;
-}
-
-RawValue null_value() {
-  RawValue v;
-  v.null = true;
-  return v;
-}
-
-RawValue structured_value(json structured) {
-  RawValue v;
-  v.structured = std::move(structured);
-  return v;
-}
+using namespace config_values;  // NOLINT(google-build-using-namespace): this file applies them
 
 ConfigOrExit exit_with(std::string message) {
   ConfigOrExit out;
   out.message = std::move(message);
   out.exit_code = 0;
   return out;
-}
-
-// ---- Scalar parsers: the error is the problem alone; callers prefix the source and key. ----
-
-std::string single_quoted(std::string_view s) {
-  return "'" + std::string(s) + "'";
-}
-
-std::string format_number(double v) {
-  std::array<char, 64> buf{};
-  const auto [end, ec] = std::to_chars(buf.data(), buf.data() + buf.size(), v);
-  return ec == std::errc() ? std::string(buf.data(), end) : std::to_string(v);
-}
-
-// The text of a scalar value, or why there is none ("expected <what>, got null").
-Result<std::string> scalar_text(const RawValue& v, std::string_view what) {
-  if (v.null) return make_error("expected " + std::string(what) + ", got null");
-  if (v.structured)
-    return make_error("expected " + std::string(what) + ", got " + v.structured->dump());
-  return v.text;
-}
-
-// Parses the whole of `text` into an arithmetic T with std::from_chars (no sign other than a
-// leading '-', no whitespace, no trailing characters).
-template <class T>
-Result<T> parse_whole(const std::string& text, std::string_view what) {
-  T value{};
-  const char* end = text.data() + text.size();
-  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
-  if (ec == std::errc::result_out_of_range)
-    return make_error("expected " + std::string(what) + ", got " + single_quoted(text) +
-                      " (out of range)");
-  if (ec != std::errc() || ptr != end)
-    return make_error("expected " + std::string(what) + ", got " + single_quoted(text));
-  return value;
-}
-
-Result<int> parse_int(const RawValue& v) {
-  auto text = scalar_text(v, "an integer");
-  if (!text) return std::move(text).error();
-  return parse_whole<int>(*text, "an integer");
-}
-
-Result<double> parse_number(const RawValue& v) {
-  auto text = scalar_text(v, "a number");
-  if (!text) return std::move(text).error();
-  auto number = parse_whole<double>(*text, "a number");
-  // from_chars accepts "inf" and "nan", which no duration or threshold can mean.
-  if (number && !std::isfinite(*number))
-    return make_error("expected a number, got " + single_quoted(*text));
-  return number;
-}
-
-// 0 parses: validate() rejects it, so that message names the key whichever source set it.
-Result<std::size_t> parse_chunk_size(const RawValue& v) {
-  auto text = scalar_text(v, "a positive integer");
-  if (!text) return std::move(text).error();
-  auto n = parse_whole<std::uint64_t>(*text, "a positive integer");
-  if (!n) return std::move(n).error();
-  return static_cast<std::size_t>(*n);
-}
-
-// An integer anywhere in [-2^63, 2^64-1], the range chunk hashes travel in.
-Result<wire::WideInt> parse_wide_int(const std::string& text) {
-  const bool negative = !text.empty() && text[0] == '-';
-  const char* end = text.data() + text.size();
-  std::uint64_t magnitude = 0;
-  const auto [ptr, ec] = std::from_chars(text.data() + (negative ? 1 : 0), end, magnitude);
-  constexpr auto kMaxNegativeMagnitude = static_cast<std::uint64_t>(INT64_MAX) + 1;
-  const bool parsed = ec == std::errc() && ptr == end;
-  if (ec == std::errc::result_out_of_range ||
-      (parsed && negative && magnitude > kMaxNegativeMagnitude))
-    return make_error("expected an integer, got " + single_quoted(text) + " (out of range)");
-  if (!parsed) return make_error("expected an integer, got " + single_quoted(text));
-  if (!negative) return wire::WideInt::from_unsigned(magnitude);
-  // Two's complement negation in unsigned arithmetic; the conversion is modular in C++20.
-  return wire::WideInt::from_signed(static_cast<std::int64_t>(~magnitude + 1));
-}
-
-Result<wire::WideInt> parse_hash_init(const RawValue& v) {
-  auto text = scalar_text(v, "an integer");
-  if (!text) return std::move(text).error();
-  return parse_wide_int(*text);
-}
-
-// hash(None) of the workers' interpreter: a number, or the name of a known interpreter.
-Result<std::uint64_t> parse_none_hash(const RawValue& v) {
-  constexpr std::string_view kWhat = "an integer, py312 or debian-py311";
-  auto text = scalar_text(v, kWhat);
-  if (!text) return std::move(text).error();
-  if (*text == "py312") return std::uint64_t{keys::kNoneHashPython312};
-  if (*text == "debian-py311") return std::uint64_t{keys::kNoneHashDebianPython3112};
-  auto n = parse_wide_int(*text);
-  if (!n) return make_error("expected " + std::string(kWhat) + ", got " + single_quoted(*text));
-  return n->bits();  // CPython hashes are signed; the chain only uses the bits
-}
-
-Result<std::string> parse_string(const RawValue& v) {
-  return scalar_text(v, "a string");
-}
-
-// ---- controller_monitor_ports ----
-
-// One port of the monitor-ports object; heartbeat alone may be null (no heartbeat socket).
-Result<int> parse_port_entry(const json& j, const std::string& name) {
-  if (j.is_null() && name == "heartbeat") return -1;
-  if (!j.is_number_integer()) return make_error(name + ": expected an integer, got " + j.dump());
-  const bool too_big =
-      j.is_number_unsigned() ? j.get<std::uint64_t>() > INT_MAX : j.get<std::int64_t>() < INT_MIN;
-  if (too_big)
-    return make_error(name + ": expected an integer, got " + j.dump() + " (out of range)");
-  return static_cast<int>(j.get<std::int64_t>());
-}
-
-// Names every key of `object` that is not a monitor port, e.g. "unknown keys 'a', 'b'".
-std::optional<std::string> unknown_port_keys(const json& object) {
-  std::vector<std::string> unknown;
-  for (const auto& [name, value] : object.items())
-    if (name != "pull" && name != "reply" && name != "heartbeat")
-      unknown.push_back(single_quoted(name));
-  if (unknown.empty()) return std::nullopt;
-  std::string message = unknown.size() == 1 ? "unknown key " : "unknown keys ";
-  for (std::size_t i = 0; i < unknown.size(); ++i) message += (i ? ", " : "") + unknown[i];
-  return message;
-}
-
-// A monitor-ports object replaces the whole previous value, like any other key's value; a port
-// it leaves out takes its default (heartbeat 8082: kvnode's heartbeat socket is on by default).
-Result<MonitorPorts> parse_monitor_ports(const RawValue& v) {
-  constexpr std::string_view kWhat = R"(a JSON object such as {"pull": 8300, "reply": 8400})";
-  json doc;
-  if (v.structured) {
-    doc = *v.structured;
-  } else {
-    auto text = scalar_text(v, kWhat);
-    if (!text) return std::move(text).error();
-    doc = json::parse(*text, nullptr, /*allow_exceptions=*/false);
-    if (!doc.is_object())
-      return make_error("expected " + std::string(kWhat) + ", got " + single_quoted(*text));
-  }
-  if (!doc.is_object()) return make_error("expected " + std::string(kWhat) + ", got " + doc.dump());
-  if (auto unknown = unknown_port_keys(doc)) return make_error(*unknown);
-  MonitorPorts ports;
-  for (auto [name, field] : {std::pair{"pull", &ports.pull}, std::pair{"reply", &ports.reply},
-                             std::pair{"heartbeat", &ports.heartbeat}}) {
-    if (!doc.contains(name)) continue;
-    auto port = parse_port_entry(doc.at(name), name);
-    if (!port) return std::move(port).error();
-    *field = *port;
-  }
-  return ports;
 }
 
 // ---- The key table ----
@@ -227,30 +55,35 @@ Status assign(T& field, Result<T> parsed) {
   return {};
 }
 
+// One setting. Its name is the YAML key, the LMCACHE_CONTROLLER_<NAME> variable, the key=value
+// extra and the flag --<name-with-dashes>. LMCache's flag, where it differs (--port), is a second
+// flag, and its spelling (port) a second name in every source.
 struct Key {
-  std::string_view name;       // YAML key, env suffix (upper-cased), key=value extra
-  std::string_view flag;       // "" = no flag of its own (a key=value extra still sets it)
-  std::string_view type_name;  // shown in --help
+  std::string_view name;
+  std::string_view lmcache_flag;  // "" = none besides --<name>
+  std::string_view type_name;     // shown in --help
+  std::string_view default_text;  // shown in --help; "" = none
   std::string_view help;
   Status (*apply)(ControllerConfig&, const RawValue&);
 };
 
 constexpr std::array kKeys{
-    Key{"controller_host", "--host", "HOST", "bind host of every socket, HTTP included (0.0.0.0)",
+    Key{"controller_host", "--host", "HOST", "0.0.0.0", "bind host of every socket, HTTP included",
         [](ControllerConfig& c, const RawValue& v) {
           return assign(c.controller_host, parse_string(v));
         }},
-    Key{"controller_port", "--port", "PORT", "HTTP API port (9000)",
+    Key{"controller_port", "--port", "PORT", "9000", "HTTP API port",
         [](ControllerConfig& c, const RawValue& v) {
           return assign(c.controller_port, parse_int(v));
         }},
     Key{"controller_monitor_ports", "--monitor-ports", "JSON",
-        R"(ZMQ ports, e.g. '{"pull": 8300, "reply": 8400, "heartbeat": 8082}'; )"
-        R"("heartbeat": null or < 0 disables the heartbeat socket)",
+        R"({"pull": 8300, "reply": 8400, "heartbeat": 8082})",
+        R"(ZMQ ports; a port left out keeps its default; "heartbeat": null or < 0 disables the )"
+        "heartbeat socket",
         [](ControllerConfig& c, const RawValue& v) {
           return assign(c.controller_monitor_ports, parse_monitor_ports(v));
         }},
-    Key{"monitor_port", "--monitor-port", "PORT", "legacy: one extra PULL socket (none)",
+    Key{"monitor_port", "", "PORT", "none", "legacy: one extra PULL socket",
         [](ControllerConfig& c, const RawValue& v) {
           if (v.null) {  // YAML `monitor_port: ~` undoes an earlier setting
             c.monitor_port.reset();
@@ -261,17 +94,17 @@ constexpr std::array kKeys{
           c.monitor_port = *port;
           return Status{};
         }},
-    Key{"health_check_interval", "--health-check-interval", "SECONDS",
-        "reaper period; <= 0 turns the reaper off (5)",
+    Key{"health_check_interval", "", "SECONDS", "5",
+        "reaper period; <= 0 turns the reaper off, else >= 1",
         [](ControllerConfig& c, const RawValue& v) {
           return assign(c.health_check_interval, parse_number(v));
         }},
-    Key{"lmcache_worker_timeout", "--lmcache-worker-timeout", "SECONDS",
-        "seconds without a heartbeat before a worker is reaped (30)",
+    Key{"lmcache_worker_timeout", "", "SECONDS", "30",
+        "seconds without a heartbeat before a worker is reaped",
         [](ControllerConfig& c, const RawValue& v) {
           return assign(c.lmcache_worker_timeout, parse_number(v));
         }},
-    Key{"controller_advertise_host", "--advertise-host", "HOST",
+    Key{"controller_advertise_host", "--advertise-host", "HOST", "",
         "host put in heartbeat_url; empty = derive from the bind host",
         [](ControllerConfig& c, const RawValue& v) {
           // YAML null means "not set", which for this key is the empty string (§3.2).
@@ -279,45 +112,72 @@ constexpr std::array kKeys{
                         : assign(c.controller_advertise_host, parse_string(v));
         }},
     // LMCache's extra_config; kvnode has no use for it but accepts files that set it.
-    Key{"extra_config", "", "", "", [](ControllerConfig&, const RawValue&) { return Status{}; }},
-    Key{"fanout_timeout", "--fanout-timeout", "SECONDS",
-        "seconds each worker has to answer a fanned-out call (30)",
+    Key{"extra_config", "", "JSON", "", "LMCache's extra settings: accepted and unused",
+        [](ControllerConfig&, const RawValue&) { return Status{}; }},
+    Key{"fanout_timeout", "", "SECONDS", "30",
+        "seconds each worker has to answer a fanned-out call",
         [](ControllerConfig& c, const RawValue& v) {
           return assign(c.fanout_timeout, parse_number(v));
         }},
-    Key{"full_sync_threshold", "--full-sync-threshold", "FRACTION",
-        "global full-sync progress at which workers may leave freeze, in (0, 1] (0.8)",
+    Key{"full_sync_threshold", "", "FRACTION", "0.8",
+        "global full-sync progress at which workers may leave freeze, in (0, 1]",
         [](ControllerConfig& c, const RawValue& v) {
           return assign(c.full_sync_threshold, parse_number(v));
         }},
-    Key{"full_sync_timeout", "--full-sync-timeout", "SECONDS",
-        "seconds of silence before a syncing worker is marked failed (300)",
+    Key{"full_sync_timeout", "", "SECONDS", "300",
+        "seconds of silence before a syncing worker is marked failed",
         [](ControllerConfig& c, const RawValue& v) {
           return assign(c.full_sync_timeout, parse_number(v));
         }},
-    Key{"log_level", "--log-level", "LEVEL",
-        "trace, debug, info, warn, error, critical or off (info)",
+    Key{"max_workers", "", "N", "65536",
+        "registered workers beyond which registrations are refused",
+        [](ControllerConfig& c, const RawValue& v) { return assign(c.max_workers, parse_int(v)); }},
+    Key{"log_level", "", "LEVEL", "info", "trace, debug, info, warn, error, critical or off",
         [](ControllerConfig& c, const RawValue& v) {
           return assign(c.log_level, parse_string(v));
         }},
-    Key{"chunk_size", "--chunk-size", "TOKENS", "tokens per chunk when /lookup hashes tokens (256)",
+    Key{"chunk_size", "", "TOKENS", "256", "tokens per chunk when /lookup hashes tokens",
         [](ControllerConfig& c, const RawValue& v) {
           return assign(c.hashing.chunk_size, parse_chunk_size(v));
         }},
-    Key{"hash_init", "--hash-init", "INT", "h[-1] of the chunk-hash chain (0)",
+    Key{"hash_init", "", "INT", "0", "h[-1] of the chunk-hash chain",
         [](ControllerConfig& c, const RawValue& v) {
           return assign(c.hashing.init_hash, parse_hash_init(v));
         }},
-    Key{"none_hash", "--none-hash", "INT",
-        "hash(None) of the workers' Python: an integer, py312 (default) or debian-py311",
+    Key{"none_hash", "", "INT", "py312",
+        "hash(None) of the workers' Python: an integer, py312 or debian-py311",
         [](ControllerConfig& c, const RawValue& v) {
           return assign(c.hashing.none_hash, parse_none_hash(v));
         }},
 };
 
+std::string dashed(std::string_view name) {
+  std::string flag = "--";
+  for (const char ch : name) flag += ch == '_' ? '-' : ch;
+  return flag;
+}
+
+// LMCache's other spelling of a key (port for controller_port), or "" when it has none.
+std::string alias_of(const Key& key) {
+  if (key.lmcache_flag.empty()) return "";
+  std::string alias;
+  for (const char ch : key.lmcache_flag.substr(2)) alias += ch == '-' ? '_' : ch;
+  return alias == key.name ? "" : alias;
+}
+
+// Every name a key may be given by, for "did you mean" hints.
+std::vector<std::string> all_names() {
+  std::vector<std::string> names;
+  for (const Key& key : kKeys) {
+    names.emplace_back(key.name);
+    if (std::string alias = alias_of(key); !alias.empty()) names.push_back(std::move(alias));
+  }
+  return names;
+}
+
 const Key* find_key(std::string_view name) {
-  const auto it =
-      std::find_if(kKeys.begin(), kKeys.end(), [&](const Key& k) { return k.name == name; });
+  const auto it = std::find_if(kKeys.begin(), kKeys.end(),
+                               [&](const Key& k) { return k.name == name || alias_of(k) == name; });
   return it == kKeys.end() ? nullptr : &*it;
 }
 
@@ -377,10 +237,16 @@ Status apply_yaml_file(ControllerConfig& config, const std::string& path) {
   if (!root) return std::move(root).error();
   if (root->IsNull()) return {};  // an empty file sets nothing
   if (!root->IsMap()) return make_error(path + ": expected a mapping of config keys");
+  std::vector<std::pair<const Key*, std::string>> seen;  // a key and the spelling that set it
   for (const auto& entry : *root) {
     const std::string name = entry.first.Scalar();
     const Key* key = find_key(name);
-    if (!key) return make_error(path + ": unknown key " + single_quoted(name));
+    if (!key) return make_error(path + ": " + unknown_name_message("key", name, all_names()));
+    for (const auto& [earlier, spelling] : seen)
+      if (earlier == key)
+        return make_error(path + ": " + single_quoted(spelling) + " and " + single_quoted(name) +
+                          " both set " + std::string(key->name) + "; keep one");
+    seen.emplace_back(key, name);
     if (auto status = apply(*key, config, raw_from_yaml(entry.second), path + ": " + name); !status)
       return status;
   }
@@ -395,11 +261,31 @@ std::string env_name(std::string_view key) {
   return name;
 }
 
+// Kubernetes puts LMCACHE_CONTROLLER_PORT=tcp://10.0.0.1:9000 into every pod of a namespace with
+// a Service named lmcache-controller: a service link, not a setting.
+bool is_service_link(const std::string& value) {
+  return value.starts_with("tcp://") || value.starts_with("udp://");
+}
+
 Status apply_env(ControllerConfig& config, const EnvLookup& env) {
   for (const Key& key : kKeys) {
     const std::string name = env_name(key.name);
-    if (auto value = env(name)) {
-      if (auto status = apply(key, config, text_value(*value), name); !status) return status;
+    std::optional<std::string> value = env(name);
+    std::string source = name;
+    if (const std::string alias = alias_of(key); !alias.empty()) {
+      const std::string alias_name = env_name(alias);
+      std::optional<std::string> alias_value = env(alias_name);
+      if (alias_value && is_service_link(*alias_value)) alias_value.reset();
+      if (alias_value && value && *alias_value != *value)
+        return make_error(alias_name + " and " + name + " disagree ('" + *alias_value + "' and '" +
+                          *value + "'); set one");
+      if (alias_value && !value) {
+        value = std::move(alias_value);
+        source = alias_name;
+      }
+    }
+    if (value) {
+      if (auto status = apply(key, config, text_value(*value), source); !status) return status;
     }
   }
   return {};
@@ -416,28 +302,50 @@ struct CommandLine {
   std::optional<ConfigOrExit> exit;  // --help / --version
 };
 
+// "bind host of every socket (key controller_host, default 0.0.0.0)"
+std::string help_of(const Key& key) {
+  std::string help = std::string(key.help) + " (key " + std::string(key.name);
+  if (const std::string alias = alias_of(key); !alias.empty()) help += ", also " + alias;
+  if (!key.default_text.empty()) help += ", default " + std::string(key.default_text);
+  return help + ")";
+}
+
+// LMCache's flag first (what its docs show), then the one named after the key.
+std::string flags_of(const Key& key) {
+  const std::string own = dashed(key.name);
+  if (key.lmcache_flag.empty() || key.lmcache_flag == own) return own;
+  return std::string(key.lmcache_flag) + "," + own;
+}
+
+std::vector<std::string> flag_names(const CLI::App& app) {
+  std::vector<std::string> flags;
+  for (const CLI::Option* o : app.get_options())
+    for (const std::string& name : o->get_lnames()) flags.push_back("--" + name);
+  return flags;
+}
+
 Result<CommandLine> parse_command_line(const std::vector<std::string>& argv) {
   CLI::App app{
       "kvcontroller: an LMCache-compatible KV-cache controller.\n"
-      "Sources, later ones winning: defaults, the YAML file (--config or "
-      "LMCACHE_CONTROLLER_CONFIG_FILE), LMCACHE_CONTROLLER_<KEY> variables, flags, "
-      "key=value extras.",
+      "Every setting has one name, its key: a YAML key (--config or "
+      "LMCACHE_CONTROLLER_CONFIG_FILE), an LMCACHE_CONTROLLER_<KEY> variable, a key=value "
+      "argument and the flag --<key> (LMCache's flag where it has one: --port). Later sources "
+      "win: defaults, the file, variables, flags, key=value.",
       "kvcontroller"};
+  app.allow_extras();  // refused below with a hint, instead of CLI11's bare message
   std::array<std::string, kKeys.size()> texts;
   std::array<CLI::Option*, kKeys.size()> options{};
-  for (std::size_t i = 0; i < kKeys.size(); ++i) {
-    if (kKeys[i].flag.empty()) continue;
-    options[i] = app.add_option(std::string(kKeys[i].flag), texts[i], std::string(kKeys[i].help))
+  for (std::size_t i = 0; i < kKeys.size(); ++i)
+    options[i] = app.add_option(flags_of(kKeys[i]), texts[i], help_of(kKeys[i]))
                      ->type_name(std::string(kKeys[i].type_name))
                      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  }
   std::string config_file;
   auto* config_option =
       app.add_option("--config", config_file,
                      "YAML file with the same keys (else LMCACHE_CONTROLLER_CONFIG_FILE)")
           ->type_name("FILE");
   CommandLine line;
-  app.add_option("extras", line.extras, "key=value: sets any config key by its YAML name")
+  app.add_option("extras", line.extras, "key=value: sets any setting by its key")
       ->type_name("KEY=VALUE");
   app.set_version_flag("--version", "kvcontroller " KVNODE_VERSION);
 
@@ -453,10 +361,13 @@ Result<CommandLine> parse_command_line(const std::vector<std::string>& argv) {
     line.exit = exit_with(app.help());
     return line;
   } catch (const CLI::ParseError& e) {
-    return make_error(e.what());
+    return make_error(std::string(e.what()) + "; see kvcontroller --help");
   }
+  if (!app.remaining().empty())
+    return make_error(
+        unknown_argument_message(app.remaining().front(), flag_names(app), "kvcontroller"));
   for (std::size_t i = 0; i < kKeys.size(); ++i)
-    if (options[i] && options[i]->count() > 0) line.flag_values[i] = texts[i];
+    if (options[i]->count() > 0) line.flag_values[i] = texts[i];
   if (config_option->count() > 0) line.config_file = config_file;
   return line;
 }
@@ -465,8 +376,9 @@ Status apply_flags(ControllerConfig& config, const CommandLine& line) {
   for (std::size_t i = 0; i < kKeys.size(); ++i) {
     if (!line.flag_values[i]) continue;
     const RawValue value = text_value(*line.flag_values[i]);
-    if (auto status = apply(kKeys[i], config, value, std::string(kKeys[i].flag)); !status)
-      return status;
+    const std::string label =
+        kKeys[i].lmcache_flag.empty() ? dashed(kKeys[i].name) : std::string(kKeys[i].lmcache_flag);
+    if (auto status = apply(kKeys[i], config, value, label); !status) return status;
   }
   return {};
 }
@@ -478,7 +390,7 @@ Status apply_extras(ControllerConfig& config, const std::vector<std::string>& ex
     if (eq == std::string::npos) return make_error(label + ": expected key=value");
     const std::string name = extra.substr(0, eq);
     const Key* key = find_key(name);
-    if (!key) return make_error(label + ": unknown key " + single_quoted(name));
+    if (!key) return make_error(label + ": " + unknown_name_message("key", name, all_names()));
     if (auto status = apply(*key, config, text_value(extra.substr(eq + 1)), label); !status)
       return status;
   }
@@ -542,6 +454,9 @@ Status check_timings(const ControllerConfig& c) {
         {"fanout_timeout", c.fanout_timeout},
         {"full_sync_timeout", c.full_sync_timeout}})
     if (auto status = check_positive(name, value); !status) return status;
+  if (c.max_workers < 1)
+    return make_error("max_workers: expected an integer >= 1, got " +
+                      std::to_string(c.max_workers));
   if (!(c.full_sync_threshold > 0 && c.full_sync_threshold <= 1))
     return make_error("full_sync_threshold: expected a number in (0, 1], got " +
                       format_number(c.full_sync_threshold));
@@ -592,6 +507,12 @@ Result<ConfigOrExit> load_config(const std::vector<std::string>& argv, const Env
   ConfigOrExit out;
   out.config = std::move(config);
   return out;
+}
+
+std::vector<std::string> config_keys() {
+  std::vector<std::string> keys;
+  for (const Key& key : kKeys) keys.emplace_back(key.name);
+  return keys;
 }
 
 Status validate(const ControllerConfig& config) {

@@ -1,64 +1,229 @@
+// kvnode's settings, each described once in add_settings(): its flag, its YAML key, its default
+// and its help, so --help, the file reader and the unknown-key check cannot disagree.
 #include "kvnode/node/node_config.hpp"
 
-#include <CLI/CLI.hpp>
 #include <yaml-cpp/yaml.h>
 
+#include <CLI/CLI.hpp>
 #include <cctype>
+#include <functional>
+#include <type_traits>
 
+#include "kvnode/common/nearest_name.hpp"
 #include "kvnode/gpu/kv_shape.hpp"
+#include "lmcache_keys.hpp"
 
 namespace kvnode::node {
 namespace {
 
 template <class T>
-Status from_yaml(const YAML::Node& root, const char* key, T& out) {
-  const YAML::Node v = root[key];
-  if (!v || v.IsNull()) return {};
+std::string expected_type() {
+  if constexpr (std::is_same_v<T, std::string>)
+    return "a string";
+  else if constexpr (std::is_same_v<T, std::vector<int>>)
+    return "a list of integers";
+  else if constexpr (std::is_floating_point_v<T>)
+    return "a number";
+  else if constexpr (std::is_unsigned_v<T>)
+    return "a non-negative integer";
+  else
+    return "an integer";
+}
+
+template <class T>
+Status read_yaml(const YAML::Node& v, const std::string& key, T& out) {
+  if (!v || v.IsNull()) return {};  // `key: ~` leaves the default, as LMCache's None does
   try {
     out = v.as<T>();
+    return {};
   } catch (const YAML::Exception&) {
-    return make_error(std::string(key) + ": not the expected type");
   }
+  YAML::Emitter shown;
+  shown << YAML::Flow << v;
+  return make_error(key + ": expected " + expected_type<T>() + ", got '" + shown.c_str() + "'");
+}
+
+// A setting: its YAML key, its flag, and how a YAML value reaches the config.
+struct Setting {
+  std::string key;
+  CLI::Option* flag;
+  std::function<Status(const YAML::Node&)> from_yaml;
+};
+
+class Settings {
+ public:
+  explicit Settings(CLI::App& app) : app_(app) {}
+
+  // The help reads "<what> (key <key>)"; the default is CLI11's "=value" after the type.
+  template <class T>
+  CLI::Option* add(const std::string& flag, const std::string& key, T& field,
+                   const std::string& help) {
+    CLI::Option* option = app_.add_option(flag, field, help + " (key " + key + ")");
+    if constexpr (!std::is_same_v<T, std::vector<int>>) option->capture_default_str();
+    all_.push_back(
+        {key, option, [&field, key](const YAML::Node& v) { return read_yaml(v, key, field); }});
+    return option;
+  }
+
+  const std::vector<Setting>& all() const { return all_; }
+
+ private:
+  CLI::App& app_;
+  std::vector<Setting> all_;
+};
+
+// The UCX overrides are optional<string> in the config; flags and keys fill these first.
+struct UcxText {
+  std::string tls, net_devices;
+};
+
+void add_settings(Settings& s, NodeConfig& c, UcxText& ucx) {
+  // LMCache's keys.
+  s.add("--instance-id", "lmcache_instance_id", c.lmcache_instance_id,
+        "the LMCache instance this node serves");
+  s.add("--controller-pull-url", "controller_pull_url", c.controller_pull_url,
+        "host:port of the controller's PULL socket; required");
+  s.add("--controller-reply-url", "controller_reply_url", c.controller_reply_url,
+        "host:port of the controller's reply socket; required");
+  s.add("--worker-ports", "lmcache_worker_ports", c.lmcache_worker_ports,
+        "REP port of each rank (default: a free port)");
+  s.add("--heartbeat-time", "lmcache_worker_heartbeat_time", c.lmcache_worker_heartbeat_time,
+        "seconds between heartbeats; 0: off");
+  s.add("--p2p-host", "p2p_host", c.p2p_host, "the transfer plane's host");
+  s.add("--p2p-init-ports", "p2p_init_ports", c.p2p_init_ports,
+        "transfer plane port of each rank (default: a free port)");
+  s.add("--chunk-size", "chunk_size", c.chunk_size, "tokens per chunk");
+  s.add("--max-local-cpu-size", "max_local_cpu_size", c.max_local_cpu_size,
+        "GB (10^9 bytes) of chunk memory");
+  // kvnode's own.
+  s.add("--worker-id", "kvnode_worker_id", c.worker_id, "the TP rank served");
+  s.add("--chunk-bytes", "kvnode_chunk_bytes", c.chunk_bytes,
+        "bytes per chunk; 0: from the KV shape");
+  s.add("--kv-layers", "kvnode_kv_layers", c.kv_layers, "KV shape: layers");
+  s.add("--kv-heads", "kvnode_kv_heads", c.kv_heads, "KV shape: KV heads per rank");
+  s.add("--kv-head-size", "kvnode_kv_head_size", c.kv_head_size, "KV shape: head size");
+  s.add("--kv-dtype", "kvnode_kv_dtype", c.kv_dtype, "KV shape: element type");
+  s.add("--memory", "kvnode_memory", c.memory, "chunk memory: host, pinned or device")
+      ->check(CLI::IsMember({"host", "pinned", "device"}));
+  s.add("--advertise-ip", "kvnode_advertise_ip", c.advertise_ip,
+        "where the controller reaches this node's REP port");
+  s.add("--http-port", "kvnode_http_port", c.http_port,
+        "/metrics and /health; 0: a free port; < 0: off");
+  s.add("--http-host", "kvnode_http_host", c.http_host, "bind host of /metrics and /health");
+  s.add("--ucx-tls", "kvnode_ucx_tls", ucx.tls,
+        "UCX_TLS for the transfer plane (default: the environment's, else UCX's choice)");
+  s.add("--ucx-net-devices", "kvnode_ucx_net_devices", ucx.net_devices,
+        "UCX_NET_DEVICES (default: the environment's, else every device)");
+  s.add("--log-level", "kvnode_log_level", c.log_level,
+        "trace, debug, info, warn, error, critical or off");
+  s.add("--local-socket", "kvnode_local_socket", c.local_socket,
+        "the local client socket's path; off: none (default /tmp/kvnode-<instance>-<rank>.sock)");
+  s.add("--local-staging-mb", "kvnode_local_staging_mb", c.local_staging_mb,
+        "MiB of shared memory local clients' chunk bytes pass through; 0: inline");
+  s.add("--full-sync-startup-delay", "kvnode_full_sync_startup_delay", c.full_sync_startup_delay,
+        "seconds: a random wait up to this before the start-up full sync");
+}
+
+// Every key a kvnode file may hold: kvnode's settings, and LMCache's (those kvnode has no use for
+// are ignored, so an engine's file works as is).
+std::vector<std::string> known_keys(const std::vector<Setting>& settings) {
+  std::vector<std::string> keys;
+  for (const Setting& s : settings) keys.push_back(s.key);
+  for (std::string_view k : lmcache_engine_keys()) keys.emplace_back(k);
+  return keys;
+}
+
+// Flags win: a key is taken from the file only when its flag was not given.
+Status apply_file(const std::string& path, const std::vector<Setting>& settings) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::BadFile&) {
+    return make_error(path + ": cannot read the config file");
+  } catch (const YAML::Exception& e) {
+    return make_error(path + ": " + e.what());
+  }
+  if (root.IsNull()) return {};  // an empty file sets nothing
+  if (!root.IsMap()) return make_error(path + ": expected a mapping of config keys");
+  for (const auto& entry : root) {
+    const std::string name = entry.first.Scalar();
+    const auto it = std::find_if(settings.begin(), settings.end(),
+                                 [&](const Setting& s) { return s.key == name; });
+    if (it == settings.end()) {
+      if (is_lmcache_engine_key(name)) continue;
+      return make_error(path + ": " + unknown_name_message("key", name, known_keys(settings)));
+    }
+    if (it->flag->count() > 0) continue;
+    if (Status s = it->from_yaml(entry.second); !s)
+      return make_error(path + ": " + s.error().message);
+  }
+  return {};
+}
+
+std::vector<std::string> flag_names(const CLI::App& app) {
+  std::vector<std::string> flags;
+  for (const CLI::Option* o : app.get_options())
+    for (const std::string& name : o->get_lnames()) flags.push_back("--" + name);
+  return flags;
+}
+
+Status validate(const NodeConfig& c) {
+  if (c.controller_pull_url.empty() || c.controller_reply_url.empty())
+    return make_error(
+        "controller_pull_url and controller_reply_url are required (flags or --config)");
+  if (c.chunk_size == 0) return make_error("chunk_size: must be at least 1");
+  if (c.max_local_cpu_size <= 0) return make_error("max_local_cpu_size: must be positive (GB)");
+  if (c.worker_id < 0) return make_error("kvnode_worker_id: must not be negative");
+  auto port_of = [&](const std::vector<int>& ports, const char* key) -> Status {
+    if (ports.empty()) return {};
+    if (static_cast<std::size_t>(c.worker_id) >= ports.size())
+      return make_error(std::string(key) + ": no port for worker " + std::to_string(c.worker_id));
+    const int p = ports[static_cast<std::size_t>(c.worker_id)];
+    if (p < 0 || p > 65535)
+      return make_error(std::string(key) + ": port " + std::to_string(p) + " out of range");
+    return {};
+  };
+  if (Status s = port_of(c.lmcache_worker_ports, "lmcache_worker_ports"); !s) return s;
+  if (Status s = port_of(c.p2p_init_ports, "p2p_init_ports"); !s) return s;
+  if (c.http_port > 65535) return make_error("kvnode_http_port: out of range");
+  if (c.full_sync_startup_delay < 0 || c.full_sync_startup_delay > 3600)
+    return make_error("kvnode_full_sync_startup_delay: between 0 and 3600 seconds");
+  if (c.local_staging_mb > (1u << 20))
+    return make_error("kvnode_local_staging_mb: more than 1 TiB");
+  // sun_path holds 107 bytes; a longer path would be cut silently by the kernel.
+  if (local_socket_path(c).size() > 100)
+    return make_error("kvnode_local_socket: '" + local_socket_path(c) +
+                      "' is longer than 100 bytes");
+  if (Result<std::pair<std::size_t, std::size_t>> g = pool_geometry(c); !g) return g.error();
   return {};
 }
 
 }  // namespace
 
+std::vector<SettingName> node_settings() {
+  CLI::App app;
+  NodeConfig config;
+  UcxText ucx;
+  Settings settings(app);
+  add_settings(settings, config, ucx);
+  std::vector<SettingName> names;
+  for (const Setting& s : settings.all()) names.push_back({s.key, s.flag->get_name()});
+  return names;
+}
+
 Result<ConfigOrExit> load_node_config(const std::vector<std::string>& argv) {
   NodeConfig c;
-  CLI::App app{"kvnode: the KV-cache transfer node (LMCache-compatible worker)", "kvnode"};
+  UcxText ucx;
+  CLI::App app{
+      "kvnode: the KV-cache transfer node (LMCache-compatible worker).\n"
+      "Each setting is a flag and a key of the YAML file (--config: an LMCache config file, whose "
+      "other LMCache keys are ignored); flags win over the file. docs/operations.md lists them.",
+      "kvnode"};
+  app.allow_extras();  // refused below with a hint, instead of CLI11's bare message
   std::string config_file;
-  std::string tls, net_devices;
-  app.add_option("--config", config_file, "an LMCache-style YAML file");
-  auto* o_instance = app.add_option("--instance-id", c.lmcache_instance_id, "lmcache_instance_id");
-  auto* o_pull = app.add_option("--controller-pull-url", c.controller_pull_url, "host:port");
-  auto* o_reply = app.add_option("--controller-reply-url", c.controller_reply_url, "host:port");
-  auto* o_worker_ports = app.add_option("--worker-ports", c.lmcache_worker_ports, "lmcache_worker_ports");
-  auto* o_hb = app.add_option("--heartbeat-time", c.lmcache_worker_heartbeat_time, "seconds; 0: off");
-  auto* o_p2p_host = app.add_option("--p2p-host", c.p2p_host, "the transfer plane's host");
-  auto* o_p2p_ports = app.add_option("--p2p-init-ports", c.p2p_init_ports, "p2p_init_ports");
-  auto* o_chunk_size = app.add_option("--chunk-size", c.chunk_size, "tokens per chunk");
-  auto* o_cpu = app.add_option("--max-local-cpu-size", c.max_local_cpu_size, "GB of chunk memory");
-  auto* o_worker_id = app.add_option("--worker-id", c.worker_id, "the TP rank served");
-  auto* o_chunk_bytes = app.add_option("--chunk-bytes", c.chunk_bytes, "bytes per chunk (0: from the KV shape)");
-  auto* o_layers = app.add_option("--kv-layers", c.kv_layers);
-  auto* o_heads = app.add_option("--kv-heads", c.kv_heads, "KV heads per rank");
-  auto* o_head_size = app.add_option("--kv-head-size", c.kv_head_size);
-  auto* o_dtype = app.add_option("--kv-dtype", c.kv_dtype);
-  auto* o_memory = app.add_option("--memory", c.memory, "host, pinned or device")
-                       ->check(CLI::IsMember({"host", "pinned", "device"}));
-  auto* o_ip = app.add_option("--advertise-ip", c.advertise_ip, "where the controller reaches this node");
-  auto* o_http = app.add_option("--http-port", c.http_port, "/metrics and /health; <0: off");
-  auto* o_http_host = app.add_option("--http-host", c.http_host);
-  auto* o_tls = app.add_option("--ucx-tls", tls, "UCX_TLS for the transfer plane");
-  auto* o_net = app.add_option("--ucx-net-devices", net_devices, "UCX_NET_DEVICES");
-  auto* o_log = app.add_option("--log-level", c.log_level);
-  auto* o_local = app.add_option("--local-socket", c.local_socket,
-                                 "the local client socket's path; off: none (default /tmp/kvnode-<instance>-<rank>.sock)");
-  auto* o_sync_delay = app.add_option("--full-sync-startup-delay", c.full_sync_startup_delay,
-                                      "seconds: a random wait up to this before the start-up full sync");
-  auto* o_staging = app.add_option("--local-staging-mb", c.local_staging_mb,
-                                   "MiB of shared memory local clients' chunk bytes pass through; 0: inline");
+  app.add_option("--config", config_file, "an LMCache-style YAML file")->type_name("FILE");
+  Settings settings(app);
+  add_settings(settings, c, ucx);
   app.set_version_flag("--version", "kvnode " KVNODE_VERSION);
   std::vector<const char*> args;
   for (const std::string& a : argv) args.push_back(a.c_str());
@@ -69,73 +234,16 @@ Result<ConfigOrExit> load_node_config(const std::vector<std::string>& argv) {
   } catch (const CLI::Success&) {
     return ConfigOrExit{std::nullopt, app.help(), 0};
   } catch (const CLI::ParseError& e) {
-    return make_error(e.what());
+    return make_error(std::string(e.what()) + "; see kvnode --help");
   }
+  if (!app.remaining().empty())
+    return make_error(unknown_argument_message(app.remaining().front(), flag_names(app), "kvnode"));
   if (!config_file.empty()) {
-    YAML::Node y;
-    try {
-      y = YAML::LoadFile(config_file);
-    } catch (const YAML::Exception& e) {
-      return make_error(config_file + ": " + e.what());
-    }
-    // Flags win: a key is taken from the file only when its flag was not given.
-    auto take = [&](CLI::Option* flag, const char* key, auto& out) -> Status {
-      if (flag->count() > 0) return {};
-      Status s = from_yaml(y, key, out);
-      return s ? s : make_error(config_file + ": " + s.error().message);
-    };
-    for (Status s : {take(o_instance, "lmcache_instance_id", c.lmcache_instance_id),
-                     take(o_pull, "controller_pull_url", c.controller_pull_url),
-                     take(o_reply, "controller_reply_url", c.controller_reply_url),
-                     take(o_worker_ports, "lmcache_worker_ports", c.lmcache_worker_ports),
-                     take(o_hb, "lmcache_worker_heartbeat_time", c.lmcache_worker_heartbeat_time),
-                     take(o_p2p_host, "p2p_host", c.p2p_host),
-                     take(o_p2p_ports, "p2p_init_ports", c.p2p_init_ports),
-                     take(o_chunk_size, "chunk_size", c.chunk_size),
-                     take(o_cpu, "max_local_cpu_size", c.max_local_cpu_size),
-                     take(o_worker_id, "kvnode_worker_id", c.worker_id),
-                     take(o_chunk_bytes, "kvnode_chunk_bytes", c.chunk_bytes),
-                     take(o_layers, "kvnode_kv_layers", c.kv_layers),
-                     take(o_heads, "kvnode_kv_heads", c.kv_heads),
-                     take(o_head_size, "kvnode_kv_head_size", c.kv_head_size),
-                     take(o_dtype, "kvnode_kv_dtype", c.kv_dtype),
-                     take(o_memory, "kvnode_memory", c.memory),
-                     take(o_ip, "kvnode_advertise_ip", c.advertise_ip),
-                     take(o_http, "kvnode_http_port", c.http_port),
-                     take(o_http_host, "kvnode_http_host", c.http_host),
-                     take(o_tls, "kvnode_ucx_tls", tls),
-                     take(o_net, "kvnode_ucx_net_devices", net_devices),
-                     take(o_log, "kvnode_log_level", c.log_level),
-                     take(o_local, "kvnode_local_socket", c.local_socket),
-                     take(o_staging, "kvnode_local_staging_mb", c.local_staging_mb),
-                     take(o_sync_delay, "kvnode_full_sync_startup_delay", c.full_sync_startup_delay)})
-      if (!s) return s.error();
+    if (Status s = apply_file(config_file, settings.all()); !s) return s.error();
   }
-  if (!tls.empty()) c.ucx_tls = tls;
-  if (!net_devices.empty()) c.ucx_net_devices = net_devices;
-  if (c.controller_pull_url.empty() || c.controller_reply_url.empty())
-    return make_error("controller_pull_url and controller_reply_url are required (flags or --config)");
-  if (c.chunk_size == 0) return make_error("chunk_size: must be at least 1");
-  if (c.max_local_cpu_size <= 0) return make_error("max_local_cpu_size: must be positive (GB)");
-  if (c.worker_id < 0) return make_error("worker_id: must not be negative");
-  auto port_of = [&](const std::vector<int>& ports, const char* key) -> Status {
-    if (ports.empty()) return {};
-    if (static_cast<std::size_t>(c.worker_id) >= ports.size())
-      return make_error(std::string(key) + ": no port for worker " + std::to_string(c.worker_id));
-    const int p = ports[static_cast<std::size_t>(c.worker_id)];
-    if (p < 0 || p > 65535) return make_error(std::string(key) + ": port " + std::to_string(p) + " out of range");
-    return {};
-  };
-  if (Status s = port_of(c.lmcache_worker_ports, "lmcache_worker_ports"); !s) return s.error();
-  if (Status s = port_of(c.p2p_init_ports, "p2p_init_ports"); !s) return s.error();
-  if (c.http_port > 65535) return make_error("http_port: out of range");
-  if (c.full_sync_startup_delay < 0 || c.full_sync_startup_delay > 3600)
-    return make_error("full_sync_startup_delay: between 0 and 3600 seconds");
-  if (c.local_staging_mb > (1u << 20)) return make_error("local_staging_mb: more than 1 TiB");
-  // sun_path holds 107 bytes; a longer path would be cut silently by the kernel.
-  if (local_socket_path(c).size() > 100)
-    return make_error("local_socket: '" + local_socket_path(c) + "' is longer than 100 bytes");
-  if (Result<std::pair<std::size_t, std::size_t>> g = pool_geometry(c); !g) return g.error();
+  if (!ucx.tls.empty()) c.ucx_tls = ucx.tls;
+  if (!ucx.net_devices.empty()) c.ucx_net_devices = ucx.net_devices;
+  if (Status s = validate(c); !s) return s.error();
   return ConfigOrExit{c, "", 0};
 }
 
@@ -144,7 +252,8 @@ std::string local_socket_path(const NodeConfig& c) {
   if (!c.local_socket.empty()) return c.local_socket;
   std::string name = c.lmcache_instance_id;
   for (char& ch : name)
-    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_' && ch != '.') ch = '_';
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_' && ch != '.')
+      ch = '_';
   return "/tmp/kvnode-" + name + "-" + std::to_string(c.worker_id) + ".sock";
 }
 

@@ -122,5 +122,30 @@ TEST(KvnodeProcess, RegistersServesHealthAndMetricsAndStopsCleanly) {
   EXPECT_EQ(bad.describe_exit(), "exited with code 2");
 }
 
+// Metrics are integers: a 4 MiB chunk size printed through a double read 4.1943e+06.
+TEST(KvnodeProcess, MetricsPrintIntegers) {
+  auto ctl = rig::start_controller();
+  const int http_port = free_port();
+  test::ChildProcess node({KVNODE_PATH, "--instance-id", "int-metrics",
+                           "--controller-pull-url", "127.0.0.1:" + std::to_string(ctl->ports().pull),
+                           "--controller-reply-url", "127.0.0.1:" + std::to_string(ctl->ports().reply),
+                           "--chunk-bytes", "4194304", "--max-local-cpu-size", "0.009",
+                           "--http-port", std::to_string(http_port), "--local-socket", "off",
+                           "--ucx-tls", "tcp", "--ucx-net-devices", "lo"});
+  httplib::Client http("127.0.0.1", http_port);
+  http.set_connection_timeout(1s);
+  std::string metrics;
+  for (auto until = Clock::now() + 20s; Clock::now() < until; std::this_thread::sleep_for(50ms)) {
+    if (auto r = http.Get("/metrics"); r && r->status == 200) {
+      metrics = r->body;
+      break;
+    }
+    ASSERT_TRUE(node.running()) << node.describe_exit() << "\n" << node.output();
+  }
+  ASSERT_FALSE(metrics.empty()) << node.output();
+  EXPECT_NE(metrics.find("\nkvnode_chunk_bytes 4194304\n"), std::string::npos) << metrics;
+  EXPECT_EQ(metrics.find("e+"), std::string::npos) << metrics;
+}
+
 }  // namespace
 }  // namespace kvnode::node

@@ -1,10 +1,53 @@
 #include "cli_support.hpp"
 
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 
+#include "kvnode/common/nearest_name.hpp"
+
 namespace kvctl {
+
+namespace {
+
+std::vector<std::string> long_flags(const CLI::App& app) {
+  std::vector<std::string> flags;
+  for (const CLI::Option* o : app.get_options())
+    for (const std::string& name : o->get_lnames()) flags.push_back("--" + name);
+  return flags;
+}
+
+// "kvctl lookup": the subcommands the command line selected, innermost last.
+std::pair<const CLI::App*, std::string> innermost(const CLI::App& app) {
+  const CLI::App* at = &app;
+  std::string path = "kvctl";
+  for (auto selected = at->get_subcommands(); !selected.empty(); selected = at->get_subcommands()) {
+    at = selected.front();
+    path += " " + at->get_name();
+  }
+  return {at, path};
+}
+
+}  // namespace
+
+std::optional<std::string> unknown_top_level_argument(const CLI::App& app,
+                                                      const std::vector<std::string>& args) {
+  const std::vector<std::string> flags = long_flags(app);
+  for (const std::string& arg : args) {
+    if (!arg.starts_with("-")) return std::nullopt;  // the subcommand: CLI11 takes it from here
+    if (arg == "-h" || std::find(flags.begin(), flags.end(), arg) != flags.end()) continue;
+    return kvnode::unknown_argument_message(arg, flags, "kvctl");
+  }
+  return std::nullopt;
+}
+
+std::string usage_error_message(const CLI::App& app, const CLI::Error& error) {
+  const auto [at, path] = innermost(app);
+  if (dynamic_cast<const CLI::ExtrasError*>(&error) && !at->remaining().empty())
+    return kvnode::unknown_argument_message(at->remaining().front(), long_flags(*at), path);
+  return std::string(error.what()) + "; see " + path + " --help";
+}
 
 void fail(int code, const std::string& message) {
   std::cerr << "kvctl: " << message << "\n";
@@ -14,7 +57,8 @@ void fail(int code, const std::string& message) {
 void TokenArgs::add(CLI::App* c) {
   c->add_option("--tokens", list, "token ids: 1,2,3");
   c->add_option("--token-range", range, "token ids A..B-1: A:B");
-  c->add_option("--token-file", file, "token ids from a file (- = stdin): integers or a JSON array");
+  c->add_option("--token-file", file,
+                "token ids from a file (- = stdin): integers or a JSON array");
 }
 
 std::vector<std::int64_t> TokenArgs::get() const {
@@ -40,7 +84,8 @@ std::vector<std::int64_t> TokenArgs::get() const {
     const auto colon = range.find(':');
     try {
       if (colon == std::string::npos) throw std::invalid_argument("no colon");
-      const std::int64_t a = std::stoll(range.substr(0, colon)), b = std::stoll(range.substr(colon + 1));
+      const std::int64_t a = std::stoll(range.substr(0, colon)),
+                         b = std::stoll(range.substr(colon + 1));
       if (b < a || b - a > 100'000'000) throw std::out_of_range("range");
       for (std::int64_t t = a; t < b; ++t) out.push_back(t);
     } catch (const std::exception&) {

@@ -442,7 +442,8 @@ TEST(ConfigYaml, BadValueNamesFileAndKey) {
 
 TEST(ConfigYaml, UnknownKeyNamesFileAndKey) {
   const TempYaml file("controller_port: 9000\ncontroler_host: x\n");
-  EXPECT_EQ(error_of({"--config", file.path()}), file.path() + ": unknown key 'controler_host'");
+  EXPECT_EQ(error_of({"--config", file.path()}),
+            file.path() + ": unknown key 'controler_host' (did you mean 'controller_host'?)");
 }
 
 TEST(ConfigYaml, FileProblems) {
@@ -489,7 +490,9 @@ TEST(ConfigExtras, Errors) {
   EXPECT_EQ(error_of({"controller_port=abc"}),
             "extra 'controller_port=abc': expected an integer, got 'abc'");
   EXPECT_EQ(error_of({"controler_port=1"}),
-            "extra 'controler_port=1': unknown key 'controler_port'");
+            "extra 'controler_port=1': unknown key 'controler_port' (did you mean "
+            "'controller_port'?)");
+  EXPECT_EQ(error_of({"zzz=1"}), "extra 'zzz=1': unknown key 'zzz'");  // no key is near
   EXPECT_EQ(error_of({"controller_port"}), "extra 'controller_port': expected key=value");
 }
 
@@ -628,6 +631,66 @@ TEST(KvcontrollerProcess, UnknownFlagExitsTwo) {
   const auto r = test::run_process({KVCONTROLLER_PATH, "--bogus"}, "", std::chrono::seconds(30));
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("--bogus"), std::string::npos) << r.err;
+}
+
+// ---- One name per setting (issue 19 item 14) ----
+
+// LMCache's spellings (its flag names: port, host, monitor_ports, advertise_host) set the same
+// setting as the key in every source, and each key is also a flag named after it.
+TEST(ConfigNames, LmcacheSpellingsWorkInEverySource) {
+  EXPECT_EQ(loaded({"port=9101"}).controller_port, 9101);
+  EXPECT_EQ(loaded({}, {{"LMCACHE_CONTROLLER_PORT", "9102"}}).controller_port, 9102);
+  const TempYaml file("port: 9103\nhost: 10.0.0.1\nadvertise_host: ctl\n");
+  const ControllerConfig from_file = loaded({"--config", file.path()});
+  EXPECT_EQ(from_file.controller_port, 9103);
+  EXPECT_EQ(from_file.controller_host, "10.0.0.1");
+  EXPECT_EQ(from_file.controller_advertise_host, "ctl");
+  EXPECT_EQ(loaded({"--controller-port", "9104"}).controller_port, 9104);
+  EXPECT_EQ(loaded({"monitor_ports={\"pull\": 7, \"reply\": 8}"}).controller_monitor_ports.pull, 7);
+  EXPECT_EQ(loaded({}, {{"LMCACHE_CONTROLLER_HOST", "10.0.0.2"}}).controller_host, "10.0.0.2");
+  EXPECT_EQ(loaded({"--max-workers", "5"}).max_workers, 5);
+}
+
+TEST(ConfigNames, TwoSpellingsOfOneSettingMustAgree) {
+  EXPECT_EQ(loaded({}, {{"LMCACHE_CONTROLLER_PORT", "9105"},
+                        {"LMCACHE_CONTROLLER_CONTROLLER_PORT", "9105"}})
+                .controller_port,
+            9105);
+  EXPECT_EQ(error_of({}, {{"LMCACHE_CONTROLLER_PORT", "1"},
+                          {"LMCACHE_CONTROLLER_CONTROLLER_PORT", "2"}}),
+            "LMCACHE_CONTROLLER_PORT and LMCACHE_CONTROLLER_CONTROLLER_PORT disagree ('1' and "
+            "'2'); set one");
+  const TempYaml both("controller_port: 1\nport: 1\n");
+  EXPECT_EQ(error_of({"--config", both.path()}),
+            both.path() + ": 'controller_port' and 'port' both set controller_port; keep one");
+}
+
+// A Service named lmcache-controller makes Kubernetes set LMCACHE_CONTROLLER_PORT=tcp://...
+TEST(ConfigNames, KubernetesServiceLinksAreNotPorts) {
+  EXPECT_EQ(loaded({}, {{"LMCACHE_CONTROLLER_PORT", "tcp://10.96.0.7:9000"}}).controller_port,
+            9000);
+}
+
+TEST(ConfigNames, HelpShowsEveryKeyWithItsDefault) {
+  auto result = load({"--help"});
+  ASSERT_TRUE(result.ok());
+  for (const char* shown :
+       {"(key controller_port, also port, default 9000)", "--port,--controller-port PORT",
+        "(key lmcache_worker_timeout, default 30)", "(key none_hash, default py312)",
+        "(key max_workers, default 65536)", "(key log_level, default info)"})
+    EXPECT_NE(result->message.find(shown), std::string::npos) << shown << "\n"
+                                                              << result->message;
+}
+
+TEST(KvcontrollerProcess, UnknownFlagNamesTheNearestAndTheHelp) {
+  const auto r = test::run_process({KVCONTROLLER_PATH, "--prot", "1"}, "", std::chrono::seconds(30));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err,
+            "kvcontroller: unknown flag '--prot' (did you mean '--port'?); see kvcontroller "
+            "--help\n");
+  const auto extra = test::run_process({KVCONTROLLER_PATH, "port=abc"}, "", std::chrono::seconds(30));
+  EXPECT_EQ(extra.exit_code, 2);
+  EXPECT_EQ(extra.err, "kvcontroller: extra 'port=abc': expected an integer, got 'abc'\n");
 }
 
 }  // namespace

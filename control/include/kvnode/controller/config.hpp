@@ -35,6 +35,7 @@ struct ControllerConfig {
   double fanout_timeout = 30.0;       // s each worker has to answer a clear/pin/move/... call
   double full_sync_threshold = 0.8;   // global progress at which workers may leave freeze
   double full_sync_timeout = 300.0;   // s of silence before a SYNCING worker becomes FAILED
+  int max_workers = 65536;            // registrations beyond are refused with an ErrorMsg
   keys::ChunkHashConfig hashing;      // how /lookup turns tokens into chunk hashes
   std::string log_level = "info";     // trace, debug, info, warn, error, critical, off
 };
@@ -54,6 +55,9 @@ struct ConfigOrExit {
 // Parses argv (argv[0] is the program name) and the sources above. Errors name the source and
 // key, e.g. "LMCACHE_CONTROLLER_CONTROLLER_PORT: expected an integer, got 'abc'".
 Result<ConfigOrExit> load_config(const std::vector<std::string>& argv, const EnvLookup& env);
+
+// Every setting's key (its one name in every source), in --help's order: for the docs' tests.
+std::vector<std::string> config_keys();
 
 // Rejects out-of-range values (ports outside 0..65535, negative timeouts, threshold outside
 // (0,1], chunk_size 0, health_check_interval in (0,1)).

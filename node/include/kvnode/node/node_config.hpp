@@ -1,5 +1,6 @@
 // kvnode's configuration: LMCache's YAML keys where they mean the same thing (an LMCache config
-// file works as is; keys kvnode does not use are ignored), plus kvnode's own. Sources, later ones
+// file works as is: LMCache keys kvnode does not use are ignored), plus kvnode's own (kvnode_*).
+// A key that is neither is refused with the nearest known one as a hint. Sources, later ones
 // winning: defaults, the YAML file (--config), command-line flags. Errors name the key.
 #pragma once
 
@@ -52,6 +53,15 @@ struct ConfigOrExit {
   int exit_code = 0;
 };
 
+// A setting as its sources name it: the YAML key and the flag (for the docs and their tests).
+struct SettingName {
+  std::string key;
+  std::string flag;
+};
+std::vector<SettingName> node_settings();
+
+// Parses argv (argv[0] is the program name). An unknown flag or key is an error that names it
+// and the nearest known one.
 Result<ConfigOrExit> load_node_config(const std::vector<std::string>& argv);
 // Chunk bytes (configured, or from the KV shape) and the number of chunks the memory holds.
 Result<std::pair<std::size_t, std::size_t>> pool_geometry(const NodeConfig& c);
