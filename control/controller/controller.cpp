@@ -1,6 +1,7 @@
 #include "kvnode/controller/controller.hpp"
 
 #include <arpa/inet.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -22,6 +23,7 @@
 #include "kvnode/controller/fanout.hpp"
 #include "kvnode/controller/http_api.hpp"
 #include "kvnode/controller/orchestrator.hpp"
+#include "port_probe.hpp"
 #include "request_handler.hpp"
 #include "thread_name.hpp"
 
@@ -35,6 +37,16 @@ constexpr int kPullHwm = 1000;     // batches queued in the PULL socket
 // The context's two I/O threads: one reads ingest, the other serves requests (the ROUTERs and the
 // fan-out's DEALERs), so a lookup or a worker's reply never queues behind a burst of batches.
 constexpr int kIngestIoThread = 0, kRequestIoThread = 1;
+// Reaper probes of workers without heartbeats: how long one may wait for a connection, how
+// many run at once, and how long a round may probe before leaving the rest to the next (a
+// round of refused local ports takes milliseconds; hosts that are gone take the timeout).
+constexpr auto kProbeTimeout = std::chrono::milliseconds(500);
+constexpr std::size_t kProbeBatch = 256;
+constexpr auto kProbeRoundBudget = std::chrono::seconds(2);
+constexpr std::size_t kMaxProbesPerRound = 65536;
+constexpr std::size_t kReapedLinesLogged = 16;  // more are summed up in one line
+// Reaping this many at once (a flood of registrations) is worth handing memory back for.
+constexpr std::size_t kTrimAfterReaping = 1024;
 
 double epoch_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
@@ -184,6 +196,7 @@ struct Controller::Impl {
     o.full_sync_threshold = c.full_sync_threshold;
     o.full_sync_timeout = c.full_sync_timeout;
     o.worker_timeout = c.lmcache_worker_timeout;
+    o.max_workers = static_cast<std::size_t>(c.max_workers);
     return o;  // heartbeat_url stays unset: RequestHandler advertises it per worker
   }
 
@@ -250,10 +263,40 @@ struct Controller::Impl {
       if (recv_multipart(socket, frames, zmq::recv_flags::none)) answer(socket, frames, kind, handler);
   }
 
+  // Workers without a heartbeat contract (LMCache's default) not seen for the worker timeout:
+  // their ports are probed outside the lock, and those that refuse are removed.
+  std::vector<WorkerEndpoint> reap_unreachable(double now) {
+    const auto due =
+        registry.read([&](const Registry& r) { return r.unconfirmed(now, kMaxProbesPerRound); });
+    if (due.empty()) return {};
+    std::vector<ProbeOutcome> probes;
+    const auto start = std::chrono::steady_clock::now();
+    for (std::size_t first = 0; first < due.size() && !stopping; first += kProbeBatch) {
+      if (std::chrono::steady_clock::now() - start > kProbeRoundBudget) break;
+      const std::vector<WorkerEndpoint> batch(
+          due.begin() + static_cast<std::ptrdiff_t>(first),
+          due.begin() + static_cast<std::ptrdiff_t>(std::min(due.size(), first + kProbeBatch)));
+      for (ProbeOutcome& p : probe_ports(batch, kProbeTimeout)) probes.push_back(std::move(p));
+    }
+    return registry.write([&](Registry& r) { return r.settle_probes(probes, epoch_seconds()); });
+  }
+
+  void log_reaped(const std::vector<WorkerEndpoint>& reaped, const std::string& why) {
+    for (std::size_t i = 0; i < reaped.size(); ++i) {
+      const WorkerEndpoint& w = reaped[i];
+      fanout->forget(w.key());
+      if (i < kReapedLinesLogged)
+        spdlog::warn("reaped worker {}/{} ({}): {}", w.instance_id, w.worker_id, w.endpoint(), why);
+    }
+    if (reaped.size() > kReapedLinesLogged)
+      spdlog::warn("reaped {} more workers: {}", reaped.size() - kReapedLinesLogged, why);
+  }
+
   void housekeeping_loop() {
     name_this_thread("kvc/housekeep");
     const double interval = config.health_check_interval;
     double next_reap = epoch_seconds() + interval;
+    double next_probe = next_reap;
     std::unique_lock lock(stop_mutex);
     while (!stopping) {
       stop_cv.wait_for(lock, std::chrono::seconds(1), [&] { return stopping.load(); });
@@ -266,12 +309,17 @@ struct Controller::Impl {
         if (interval > 0 && now >= next_reap) reaped = r.reap(now);
       });
       if (interval > 0 && now >= next_reap) next_reap = now + interval;
-      for (const auto& w : reaped) {
-        fanout->forget(w.key());
-        spdlog::warn("reaped worker {}/{} ({}): no heartbeat for {} s", w.instance_id,
-                     w.worker_id, w.endpoint(), config.lmcache_worker_timeout);
+      std::vector<WorkerEndpoint> unreachable;
+      if (interval > 0 && now >= next_probe) {
+        unreachable = reap_unreachable(now);
+        next_probe = epoch_seconds() + interval;
       }
-      metrics.workers_reaped += reaped.size();
+      const double timeout = config.lmcache_worker_timeout;
+      log_reaped(reaped, fmt::format("no heartbeat for {} s", timeout));
+      log_reaped(unreachable, fmt::format("never heartbeated, not seen for {} s and its worker "
+                                          "port refused a connection", timeout));
+      metrics.workers_reaped += reaped.size() + unreachable.size();
+      if (reaped.size() + unreachable.size() >= kTrimAfterReaping) ::malloc_trim(0);
       if (expired) spdlog::warn("{} full sync(s) timed out; those workers will be asked to retry", expired);
     }
   }

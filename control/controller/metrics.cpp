@@ -168,7 +168,11 @@ std::string render_prometheus(const Metrics& m, const RegistryStats& stats) {
   w.sample("kvnode_controller_messages_total", "socket=\"reply\"", load(m.reply_messages));
   w.sample("kvnode_controller_messages_total", "socket=\"heartbeat\"", load(m.heartbeat_messages));
   w.family("kvnode_controller_workers_reaped_total", "counter",
-           "Workers removed for missing heartbeats", "", load(m.workers_reaped));
+           "Workers removed: no heartbeat, or (never heartbeated) their port refused a probe", "",
+           load(m.workers_reaped));
+  w.family("kvnode_controller_registrations_refused_total", "counter",
+           "Registrations refused because max_workers were registered", "",
+           load(m.registrations_refused));
   w.family("kvnode_controller_fanout_timeouts_total", "counter",
            "Per-worker control requests that missed their deadline", "", load(m.fanout_timeouts));
   w.family("kvnode_controller_http_requests_total", "counter", "HTTP requests served", "",

@@ -85,15 +85,30 @@ std::string RequestHandler::on_router(std::string_view payload, RouterKind kind)
       [&](auto& m) {
         using M = std::decay_t<decltype(m)>;
         std::optional<WorkerEndpoint> replaced;
+        // Past max_workers a new worker is refused, whether it registers or heartbeats.
+        std::optional<std::string> refused;
+        const auto refuse = [&] {
+          ++metrics_.registrations_refused;
+          warn_limited(*refused);
+          reply_buf_ = error_reply(std::move(*refused));
+        };
         if constexpr (std::is_same_v<M, wire::RegisterMsg>) {
-          auto ret = registry_.write([&](Registry& r) { return r.register_worker(m, now, &replaced); });
+          auto ret = registry_.write([&](Registry& r) {
+            refused = r.refusal(m.instance_id, m.worker_id);
+            return refused ? wire::RegisterRetMsg{} : r.register_worker(m, now, &replaced);
+          });
+          if (refused) return refuse();
           if (auto url = advert_.url_for(m.ip)) ret.extra_config.set("heartbeat_url", *url);
           spdlog::info("registered worker {}/{} at {}:{} (peer {}){}", m.instance_id, m.worker_id,
                        m.ip, m.port, m.peer_init_url.value_or("none"),
                        replaced ? " replacing its previous registration" : "");
           wire::encode(wire::Msg{std::move(ret)}, reply_buf_);
         } else if constexpr (std::is_same_v<M, wire::HeartbeatMsg>) {
-          auto ret = registry_.write([&](Registry& r) { return r.heartbeat(m, now, &replaced); });
+          auto ret = registry_.write([&](Registry& r) {
+            refused = r.refusal(m.instance_id, m.worker_id);
+            return refused ? wire::HeartbeatRetMsg{} : r.heartbeat(m, now, &replaced);
+          });
+          if (refused) return refuse();
           wire::encode(wire::Msg{std::move(ret)}, reply_buf_);
         } else if constexpr (std::is_same_v<M, wire::BatchedP2PLookupMsg>) {
           const auto start = std::chrono::steady_clock::now();

@@ -210,7 +210,12 @@ TEST(ControllerReaper, SilentWorkerDisappearsAndComesBackThroughHeartbeat) {
   Dealer d(ctx, ctl->ports().reply);
   Dealer hb(ctx, ctl->ports().heartbeat);
   auto w = worker("inst-A", 0, 18501);
-  auto quiet = worker("inst-Q", 0, 18502);  // never heartbeats: kept (D5)
+  // Never heartbeats, as LMCache's workers by default: kept while its port answers (D5).
+  zmq::socket_t rep(ctx, zmq::socket_type::rep);
+  rep.set(zmq::sockopt::linger, 0);
+  rep.bind("tcp://127.0.0.1:*");
+  const std::string rep_endpoint = rep.get(zmq::sockopt::last_endpoint);
+  auto quiet = worker("inst-Q", 0, std::stoi(rep_endpoint.substr(rep_endpoint.rfind(':') + 1)));
   d.call_as<wire::RegisterRetMsg>(w);
   d.call_as<wire::RegisterRetMsg>(quiet);
   hb.call_as<wire::HeartbeatRetMsg>(heartbeat_of(w));

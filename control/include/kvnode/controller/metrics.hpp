@@ -49,6 +49,7 @@ struct Metrics {
   std::atomic<std::uint64_t> kv_ops_applied{0};
   std::atomic<std::uint64_t> kv_ops_discarded{0};
   std::atomic<std::uint64_t> workers_reaped{0};
+  std::atomic<std::uint64_t> registrations_refused{0};  // beyond max_workers
   std::atomic<std::uint64_t> fanout_timeouts{0};
   std::atomic<std::uint64_t> http_requests{0};
   LatencyHistogram p2p_lookup_latency;  // BatchedP2PLookupMsg, receive to reply sent

@@ -2,7 +2,10 @@
 // progress, with the behaviour of protocol reference §3 and the fixes for §6's defects:
 //  - duplicate registration replaces the worker's address and clears its keys (D7);
 //  - a known worker's heartbeat from a new address re-registers it (same fix, heartbeat side);
-//  - only workers that have heartbeated at least once are reaped (D5);
+//  - a worker that heartbeated is reaped worker_timeout after its last heartbeat; one that never
+//    did (LMCache's default, D5) is probed at its worker port worker_timeout after registering
+//    (or after its last answered probe) and reaped when nothing accepts the connection;
+//  - at most max_workers workers: registrations beyond are refused;
 //  - P2P lookup matches the TP rank (D9) and skips holders without a peer_init_url;
 //  - orchestrator lookup credits contiguous prefixes from token 0 only (D8);
 //  - full sync stages the new key set beside the old one, which keeps serving lookups until the
@@ -29,7 +32,8 @@ namespace kvnode::controller {
 struct RegistryOptions {
   double full_sync_threshold = 0.8;
   double full_sync_timeout = 300.0;  // s
-  double worker_timeout = 30.0;      // s without a heartbeat before reaping
+  double worker_timeout = 30.0;      // s without a heartbeat (or a probe) before reaping
+  std::size_t max_workers = 65536;   // registrations beyond are refused
   std::optional<std::string> heartbeat_url;  // handed out in RegisterRetMsg.extra_config
   std::uint64_t index_seed = 0;              // 0: random
 };
@@ -66,6 +70,12 @@ struct RegistryStats {
   std::vector<InstanceStats> per_instance;  // in registration order
 };
 
+// Whether a worker's port accepted a connection (see Registry::unconfirmed).
+struct ProbeOutcome {
+  WorkerEndpoint endpoint;
+  bool reachable = false;
+};
+
 // kWorkerChanged: a later slice of a batch found its worker re-registered or gone.
 enum class ApplyOutcome { kApplied, kEmpty, kWorkerSyncing, kUnknownWorker, kWorkerChanged };
 
@@ -94,6 +104,9 @@ class Registry {
   Registry& operator=(const Registry&) = delete;
 
   // ---- worker requests (§3.2-§3.5, §3.7, §3.8) ----
+  // Why registering this worker (by RegisterMsg or an unknown worker's heartbeat) is refused:
+  // max_workers are registered and it is not one of them. nullopt: accepted.
+  std::optional<std::string> refusal(std::string_view instance_id, std::int64_t worker_id) const;
   // Registers or re-registers; the endpoint to (re)connect is endpoint(instance, worker).
   // `replaced` receives the old endpoint when a duplicate registration changed the worker.
   wire::RegisterRetMsg register_worker(const wire::RegisterMsg& msg, double now,
@@ -129,6 +142,13 @@ class Registry {
   // ---- housekeeping ----
   // Removes workers that heartbeated before but not within worker_timeout; returns them.
   std::vector<WorkerEndpoint> reap(double now);
+  // Up to `limit` workers that never heartbeated and were not seen within worker_timeout (since
+  // registering or their last answered probe). The caller probes their worker ports outside the
+  // lock and reports back through settle_probes.
+  std::vector<WorkerEndpoint> unconfirmed(double now, std::size_t limit) const;
+  // Probed workers still at the probed generation and still without a heartbeat: reachable ones
+  // count as seen now, the others are removed and returned.
+  std::vector<WorkerEndpoint> settle_probes(const std::vector<ProbeOutcome>& probes, double now);
   // SYNCING workers silent for full_sync_timeout become FAILED; returns how many.
   std::size_t expire_syncs(double now);
 
