@@ -170,6 +170,12 @@ struct Orchestrator::Impl {
   OrchReply on(const wire::MoveMsg& m) {
     const std::string& src_id = m.old_position.target;
     const std::string& dst_id = m.new_position.target;
+    // To itself, every chunk is "already there" and a move (copy off) would evict the only copy.
+    if (src_id == dst_id)
+      return fail_early(m.event_id, "move",
+                        "move source and destination are the same instance '" + src_id +
+                            "': a move to itself moves nothing (name another instance)",
+                        400);
     auto src = workers_of(src_id);
     if (!src) return fail_early(m.event_id, "move", "move source: " + src.error().message, 404);
     auto dst = workers_of(dst_id);
@@ -191,6 +197,12 @@ struct Orchestrator::Impl {
                           "destination worker " + std::to_string(d.worker_id) + " of " + dst_id +
                               " has no peer_init_url, so worker " + std::to_string(s.worker_id) +
                               " of " + src_id + " cannot reach it",
+                          400);
+      if (s.peer_init_url && *s.peer_init_url == *d.peer_init_url)
+        return fail_early(m.event_id, "move",
+                          "worker " + std::to_string(s.worker_id) + " of " + src_id + " and worker " +
+                              std::to_string(d.worker_id) + " of " + dst_id + " are the same node (peer_init_url " +
+                              *d.peer_init_url + "): a move to itself moves nothing",
                           400);
       wire::MoveWorkerMsg payload{
           "MoveWorker" + std::to_string(s.worker_id) + uuids.next(), m.old_position.location,

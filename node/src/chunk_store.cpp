@@ -21,12 +21,12 @@ void ChunkStore::emit(StoreEvent::Kind kind, ChunkHash hash) {
   if (on_event_) on_event_(StoreEvent{kind, hash});
 }
 
-Result<gpu::PageId> ChunkStore::take_page() {
+Result<gpu::PageId> ChunkStore::take_page(std::uint64_t evict_up_to) {
   if (std::optional<gpu::PageId> page = pool_.allocate()) return *page;
-  // Full: evict the least recently used chunk nobody pins or reads.
+  // Full: evict the least recently used chunk nobody pins or reads (and old enough).
   for (auto it = lru_.begin(); it != lru_.end(); ++it) {
     Entry& e = entries_.at(*it);
-    if (e.pins || e.leases) continue;
+    if (e.pins || e.leases || e.stamp > evict_up_to) continue;
     const gpu::PageId page = e.page;
     const ChunkHash victim = *it;
     lru_.erase(it);
@@ -37,16 +37,17 @@ Result<gpu::PageId> ChunkStore::take_page() {
     return page;  // reused directly: it never goes back through the pool
   }
   return make_error("location " + location_ + " is full: all " + std::to_string(pool_.page_count()) +
-                    " pages are pinned, being read or being written");
+                    " pages are pinned, being read or being written" +
+                    (evict_up_to == kAnyAge ? "" : ", or hold this writer's own chunks"));
 }
 
-Result<gpu::PageId> ChunkStore::reserve(ChunkHash hash) {
+Result<gpu::PageId> ChunkStore::reserve(ChunkHash hash, std::uint64_t evict_up_to) {
   std::lock_guard lock(mutex_);
   if (frozen_) return make_error(kFrozenText);
   if (const auto it = entries_.find(hash); it != entries_.end())
     return make_error(it->second.state == State::kWriting ? "chunk is already being written"
                                                           : "chunk is already present");
-  Result<gpu::PageId> page = take_page();
+  Result<gpu::PageId> page = take_page(evict_up_to);
   if (!page) return page.error();
   Entry e;
   e.page = *page;
@@ -80,6 +81,7 @@ Status ChunkStore::commit(ChunkHash hash) {
     return make_error(kFrozenText);
   }
   it->second.state = State::kReadable;
+  it->second.stamp = ++tick_;
   it->second.lru = lru_.insert(lru_.end(), hash);
   --counters_.reserved;
   ++counters_.chunks;
@@ -100,6 +102,20 @@ bool ChunkStore::contains(ChunkHash hash) const {
   std::lock_guard lock(mutex_);
   const auto it = entries_.find(hash);
   return it != entries_.end() && it->second.state == State::kReadable;
+}
+
+std::uint64_t ChunkStore::tick() const {
+  std::lock_guard lock(mutex_);
+  return tick_;
+}
+
+bool ChunkStore::refresh(ChunkHash hash) {
+  std::lock_guard lock(mutex_);
+  const auto it = entries_.find(hash);
+  if (it == entries_.end() || it->second.state != State::kReadable) return false;
+  it->second.stamp = ++tick_;
+  lru_.splice(lru_.end(), lru_, it->second.lru);
+  return true;
 }
 
 std::size_t ChunkStore::leading(std::span<const ChunkHash> hashes, const std::string& pin_id) {

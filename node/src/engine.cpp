@@ -26,14 +26,14 @@ std::size_t Engine::lookup_tokens(std::span<const std::int64_t> tokens, const st
   return n == 0 ? 0 : keys::chunk_end_token(n - 1, tokens.size(), options_.hashing.chunk_size);
 }
 
-Status Engine::put(ChunkHash hash, std::span<const std::byte> bytes) {
+Status Engine::put(ChunkHash hash, std::span<const std::byte> bytes, std::uint64_t evict_up_to) {
   gpu::ChunkPool& pool = store_.pool();
   if (pool.region().kind() == gpu::MemoryKind::kDevice)
     return make_error("put into a device pool goes through the GPU client path, not memcpy");
   if (bytes.size() != pool.page_bytes())
     return make_error("a chunk is " + std::to_string(pool.page_bytes()) + " bytes, got " +
                       std::to_string(bytes.size()));
-  Result<gpu::PageId> page = store_.reserve(hash);
+  Result<gpu::PageId> page = store_.reserve(hash, evict_up_to);
   if (!page) return page.error();
   std::memcpy(pool.page(*page), bytes.data(), bytes.size());
   return store_.commit(hash);

@@ -113,9 +113,11 @@ struct LocalClient::Impl {
     return std::move(r->hashes);
   }
 
-  // Chunks per request: the staging slots, or what fits a quarter of an inline message.
+  // Chunks per request: the staging slots, or what fits a quarter of an inline message; never
+  // more than the pool holds (the daemon refuses such a request whole).
   std::size_t round_chunks() const {
-    return pool ? slots : std::max<std::size_t>(1, local::kMaxInlineBytes / 4 / info.chunk_bytes);
+    const std::size_t n = pool ? slots : std::max<std::size_t>(1, local::kMaxInlineBytes / 4 / info.chunk_bytes);
+    return std::max<std::size_t>(1, std::min(n, info.pages));
   }
 };
 
@@ -151,7 +153,7 @@ LocalClient::~LocalClient() = default;
 const NodeInfo& LocalClient::info() const { return impl_->info; }
 bool LocalClient::shared_memory() const { return impl_->pool.has_value(); }
 
-Result<std::size_t> LocalClient::put(const ChunkKeys& keys, std::span<const std::byte> data) {
+Result<std::size_t> LocalClient::put(const ChunkKeys& keys, std::span<const std::byte> data, PutSeries* series) {
   Impl& m = *impl_;
   const std::size_t chunk = m.info.chunk_bytes;
   Result<std::vector<std::int64_t>> hashed = m.hashes_of(keys);
@@ -161,18 +163,24 @@ Result<std::size_t> LocalClient::put(const ChunkKeys& keys, std::span<const std:
     return make_error(std::to_string(all.size()) + " chunks need " + std::to_string(all.size() * chunk) +
                       " bytes, got " + std::to_string(data.size()));
   std::size_t stored = 0;
+  // Every round of this put evicts only chunks stored before its first (the node's tick then).
+  PutSeries own;
+  PutSeries& put_series = series ? *series : own;
   const std::size_t round = m.round_chunks();
   for (std::size_t first = 0; first < all.size(); first += round) {
     const std::size_t n = std::min(round, all.size() - first);
     local::Request q;
     q.hashes.assign(all.begin() + static_cast<std::ptrdiff_t>(first), all.begin() + static_cast<std::ptrdiff_t>(first + n));
+    q.since = put_series.since;
     const std::span<const std::byte> bytes = data.subspan(first * chunk, n * chunk);
     if (!m.pool) {
       q.op = "put";
       q.data.assign(bytes.begin(), bytes.end());
       Result<local::Reply> r = m.call(q);
       if (!r) return make_error(r.error().message + " (" + std::to_string(stored) + " chunks stored before)");
-      stored += r->count;
+      if (put_series.since == 0) put_series.since = r->since;
+      stored += std::min<std::size_t>(r->count, n);
+      if (r->count < n) break;  // the node is full: the stored prefix ends here
       continue;
     }
     q.op = "reserve";
@@ -182,12 +190,8 @@ Result<std::size_t> LocalClient::put(const ChunkKeys& keys, std::span<const std:
       (void)m.call(m.finish("abort", r->hold));
       return make_error("the daemon answered " + std::to_string(r->offsets.size()) + " slots for " + std::to_string(n) + " chunks");
     }
-    std::size_t already = 0;
     for (std::size_t i = 0; i < n; ++i) {
-      if (r->offsets[i] < 0) {
-        ++already;
-        continue;
-      }
+      if (r->offsets[i] < 0) continue;  // stored already
       std::byte* slot = m.pool->at(r->offsets[i], chunk);
       if (!slot) {
         (void)m.call(m.finish("abort", r->hold));
@@ -195,9 +199,16 @@ Result<std::size_t> LocalClient::put(const ChunkKeys& keys, std::span<const std:
       }
       std::memcpy(slot, bytes.data() + i * chunk, chunk);
     }
+    if (put_series.since == 0) put_series.since = r->since;
     Result<local::Reply> done = m.call(m.finish("commit", r->hold));
     if (!done) return make_error(done.error().message + " (" + std::to_string(stored) + " chunks stored before)");
-    stored += already + done->count;
+    // The daemon stores the writes in order until one finds no room: the prefix ends there.
+    std::size_t writes = 0, prefix = 0;
+    for (; prefix < n; ++prefix) {
+      if (r->offsets[prefix] >= 0 && writes++ >= done->count) break;
+    }
+    stored += prefix;
+    if (prefix < n) break;
   }
   return stored;
 }

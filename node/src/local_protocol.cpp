@@ -122,6 +122,7 @@ std::vector<std::byte> encode(const Request& r) {
   else if (!r.hashes.empty()) add_ints(m, "hashes", r.hashes);
   if (!r.data.empty()) m.add("data", [&r](Packer& pk) { pack_bin(pk, r.data); });
   if (r.hold != 0) m.add("hold", [&r](Packer& pk) { pk.pack(r.hold); });
+  if (r.since != 0) m.add("since", [&r](Packer& pk) { pk.pack(r.since); });
   return m.finish();
 }
 
@@ -132,7 +133,7 @@ std::vector<std::byte> encode(const Reply& r) {
   const std::pair<const char*, const std::uint64_t*> uints[] = {
       {"chunk_bytes", &r.chunk_bytes}, {"chunk_size", &r.chunk_size}, {"pages", &r.pages},
       {"slots", &r.slots},   {"hold", &r.hold},             {"count", &r.count},
-      {"tokens", &r.tokens},           {"pulled", &r.pulled}};
+      {"tokens", &r.tokens},           {"pulled", &r.pulled},      {"since", &r.since}};
   for (const auto& [key, value] : uints)
     if (*value != 0) m.add(key, [value](Packer& pk) { pk.pack(*value); });
   if (r.worker_id != 0) m.add("worker_id", [&r](Packer& pk) { pk.pack(r.worker_id); });
@@ -167,6 +168,7 @@ Result<Request> decode_request(std::span<const std::byte> bytes) {
     }
     if (key == "data") return read_bin(v, path, r.data);
     if (key == "hold") return read_uint(v, path, r.hold);
+    if (key == "since") return read_uint(v, path, r.since);
     return field_error(path, "unknown field");
   });
   if (!s) return s.error();
@@ -193,6 +195,7 @@ Result<Reply> decode_reply(std::span<const std::byte> bytes) {
     if (key == "count") return read_uint(v, path, r.count);
     if (key == "tokens") return read_uint(v, path, r.tokens);
     if (key == "pulled") return read_uint(v, path, r.pulled);
+    if (key == "since") return read_uint(v, path, r.since);
     if (key == "worker_id") return read_int(v, path, r.worker_id);
     if (key == "shm") return read_str(v, path, r.shm);
     if (key == "location") return read_str(v, path, r.location);

@@ -3,7 +3,8 @@
 //
 // Request keys: "op" (info, hashes, contains, lookup, put, get, reserve, commit, abort, lease, release,
 // retrieve), "hashes" or "tokens" (the chunks), "data" (bin: put's inline bytes, chunk after
-// chunk), "hold" (commit/abort/release: the id reserve/lease answered).
+// chunk), "hold" (commit/abort/release: the id reserve/lease answered), "since" (put/reserve: the
+// tick an earlier call of the same put answered; absent: the put begins now).
 // Reply keys: "ok", "error" when not ok, and what the op answers (see local_client.hpp).
 // Decoding checks every type and length and names the field path in its errors.
 #pragma once
@@ -29,6 +30,7 @@ struct Request {
   bool by_tokens = false;
   std::vector<std::byte> data;
   std::uint64_t hold = 0;
+  std::uint64_t since = 0;  // put/reserve: evict only chunks stored before this tick (0: now)
 };
 
 struct Reply {
@@ -47,6 +49,7 @@ struct Reply {
   std::uint64_t count = 0;           // put/commit: chunks stored; get/lease/retrieve: leading held
   std::uint64_t tokens = 0;          // lookup/retrieve: leading tokens held
   std::uint64_t pulled = 0;          // retrieve
+  std::uint64_t since = 0;           // put/reserve: the put's tick, for its later calls
   std::string peer;                  // retrieve
   std::vector<std::byte> data;       // get
 };

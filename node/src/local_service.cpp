@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <map>
@@ -23,6 +24,7 @@ struct Hold {
   bool writing = false;
   std::vector<std::pair<ChunkHash, std::size_t>> writes;  // (chunk, slot)
   std::vector<std::size_t> slots;                         // every slot held
+  std::uint64_t since = ChunkStore::kAnyAge;              // writing: the put's tick (evict older only)
   Clock::time_point expires;
 };
 
@@ -62,23 +64,35 @@ struct LocalService::Impl {
   std::byte* slot(std::size_t i) { return staging->data() + i * chunk_bytes(); }
   std::int64_t slot_offset(std::size_t i) { return static_cast<std::int64_t>(i * chunk_bytes()); }
 
-  // Ends a hold: with commit, each written slot becomes a stored chunk (ADMIT once whole);
-  // either way its slots return. Returns the chunks stored, or the first error.
+  // One chunk of a put, unless the store has it already (then it is refreshed: the put's own).
+  Status put_one(ChunkHash hash, std::span<const std::byte> bytes, std::uint64_t since) {
+    if (engine.store().refresh(hash)) return {};
+    return engine.put(hash, bytes, since);
+  }
+
+  // A put stores the longest prefix that fits: a chunk that finds no page (the rest of the pool
+  // is pinned, read, or this put's own) ends it quietly; a frozen store is an error to wait out.
+  static bool ends_put_quietly(const Status& s) { return s.error().message != ChunkStore::kFrozenText; }
+
+  // Ends a hold: with commit, each written slot becomes a stored chunk (ADMIT once whole), in
+  // order until one cannot be stored; either way its slots return. Returns the chunks stored
+  // (the leading writes), or an error (frozen).
   Result<std::size_t> end_hold(Hold& h, bool commit) {
     std::size_t stored = 0;
     std::string error;
     for (const auto& [hash, index] : h.writes) {
-      if (!commit || !error.empty()) break;
-      if (engine.store().contains(hash)) {
+      if (!commit) break;
+      Status s = put_one(hash, std::span<const std::byte>(slot(index), chunk_bytes()), h.since);
+      if (s) {
         ++stored;
         continue;
       }
-      Status s = engine.put(hash, std::span<const std::byte>(slot(index), chunk_bytes()));
-      if (s) {
-        ++stored;
-      } else {
+      if (ends_put_quietly(s))
+        spdlog::warn("local put: stored {} of the {} chunks of this request: {}", stored, h.writes.size(),
+                     s.error().message);
+      else
         error = s.error().message + " (" + std::to_string(stored) + " stored before it)";
-      }
+      break;
     }
     free_slots.insert(free_slots.end(), h.slots.begin(), h.slots.end());
     h.slots.clear();
@@ -236,15 +250,19 @@ struct LocalService::Impl {
                     std::to_string(keys->size() * pool.page_bytes()) + " bytes, got " +
                     std::to_string(q.data.size()));
       local::Reply r;
+      r.since = q.since ? q.since : store.tick();
       for (std::size_t i = 0; i < keys->size(); ++i) {
-        if (store.contains((*keys)[i])) {
+        Status s = put_one((*keys)[i], std::span(q.data).subspan(i * pool.page_bytes(), pool.page_bytes()), r.since);
+        if (s) {
           ++r.count;
           continue;
         }
-        Status s = engine.put((*keys)[i], std::span(q.data).subspan(i * pool.page_bytes(), pool.page_bytes()));
-        if (!s) return fail("chunk " + std::to_string(i) + ": " + s.error().message +
-                            " (" + std::to_string(r.count) + " stored before it)");
-        ++r.count;
+        if (!ends_put_quietly(s))
+          return fail("chunk " + std::to_string(i) + ": " + s.error().message + " (" + std::to_string(r.count) +
+                      " stored before it)");
+        spdlog::warn("local put: stored {} of the {} chunks of this request: {}", r.count, keys->size(),
+                     s.error().message);
+        break;
       }
       return r;
     }
@@ -268,12 +286,15 @@ struct LocalService::Impl {
       Hold h;
       local::Reply r;
       std::vector<Lease> leases;
+      std::vector<bool> present;  // reserve: chunks stored already (refreshed: this put's own now)
       std::size_t wanted = 0;
       if (q.op == "lease") {
         leases = store.lease_leading(*keys);
         wanted = leases.size();
       } else {
-        for (ChunkHash c : *keys) wanted += store.contains(c) ? 0 : 1;
+        r.since = q.since ? q.since : store.tick();
+        for (ChunkHash c : *keys) present.push_back(store.refresh(c));
+        wanted = static_cast<std::size_t>(std::count(present.begin(), present.end(), false));
       }
       std::optional<std::vector<std::size_t>> slots = take_slots(wanted);
       if (!slots)
@@ -284,12 +305,13 @@ struct LocalService::Impl {
       h.writing = q.op == "reserve";
       std::size_t next = 0;
       if (h.writing) {
-        for (ChunkHash c : *keys) {
-          if (store.contains(c)) {
+        h.since = r.since;
+        for (std::size_t i = 0; i < keys->size(); ++i) {
+          if (present[i]) {
             r.offsets.push_back(-1);
             continue;
           }
-          h.writes.emplace_back(c, h.slots[next]);
+          h.writes.emplace_back((*keys)[i], h.slots[next]);
           r.offsets.push_back(slot_offset(h.slots[next++]));
         }
       } else {

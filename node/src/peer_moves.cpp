@@ -7,6 +7,8 @@
 
 #include <cstring>
 
+#include "peer_address.hpp"
+
 namespace kvnode::node {
 namespace {
 
@@ -231,6 +233,12 @@ MoveResult PeerMoves::move(const std::string& peer_url, const std::vector<std::i
     out.error = hashes ? "no transfer plane" : hashes.error().message;
     return out;
   }
+  if (names_own_listener(peer_url, plane_->url())) {
+    out.refused = true;
+    out.error = "the destination " + peer_url + " is this node itself (its peer_init_url is " + plane_->url() +
+                "); nothing moved, every chunk stays";
+    return out;
+  }
   ChunkStore& store = engine_.store();
   // Leases keep the chunks from being evicted or freed while they are read.
   std::vector<Lease> leases = store.lease_leading(*hashes);
@@ -331,13 +339,21 @@ RetrieveResult PeerMoves::retrieve_chunks(const std::vector<ChunkHash>& wanted, 
   out.chunks_local = store.leading(wanted);
   std::size_t held = out.chunks_local;
   if (held == wanted.size()) return out;
-  Result<std::pair<std::string, std::size_t>> where = locate(wanted);
-  if (!where || where->second <= held || where->first.empty()) {
+  // Pages for the pulled chunks evict only chunks older than this retrieve: never the local
+  // prefix (refreshed now) nor what an earlier batch pulled.
+  const std::uint64_t since = store.tick();
+  for (std::size_t i = 0; i < held; ++i) (void)store.refresh(wanted[i]);
+  // Ask for the run this node lacks, from its first missing chunk: the controller counts hits
+  // from the first hash asked and leaves the asker out, so asking for the whole prefix finds
+  // nobody when this node holds its start.
+  const std::vector<ChunkHash> missing(wanted.begin() + static_cast<std::ptrdiff_t>(held), wanted.end());
+  Result<std::pair<std::string, std::size_t>> where = locate(missing);
+  if (!where || where->second == 0 || where->first.empty()) {
     out.error = where ? "no peer holds more of it" : where.error().message;
     return out;
   }
   out.peer = where->first;
-  const std::size_t end = std::min(where->second, wanted.size());
+  const std::size_t end = std::min(held + where->second, wanted.size());
   while (held < end) {
     const std::size_t n = std::min(kBatch, end - held);
     std::vector<std::int64_t> batch(wanted.begin() + static_cast<std::ptrdiff_t>(held),
@@ -354,7 +370,7 @@ RetrieveResult PeerMoves::retrieve_chunks(const std::vector<ChunkHash>& wanted, 
     std::vector<transfer::PageCopy> copies;
     std::size_t reserved = 0;
     for (; reserved < got; ++reserved) {
-      Result<gpu::PageId> page = store.reserve(leased[reserved]);
+      Result<gpu::PageId> page = store.reserve(leased[reserved], since);
       if (!page) {  // no room (or a full sync runs here): pull what fits
         if (reserved == 0) out.error = "no page here: " + page.error().message;
         break;
@@ -388,6 +404,10 @@ wire::Msg PeerMoves::on_move(const wire::MoveWorkerMsg& m) {
     return wire::MoveWorkerRetMsg{0};
   const MoveResult r = move(m.new_position.target, m.tokens.value_or(std::vector<std::int64_t>{}),
                             m.copy.value_or(true));
+  if (r.refused) {
+    spdlog::warn("move {} refused: {}", m.worker_event_id, r.error);
+    return wire::ErrorMsg{"kvnode: move refused: " + r.error};
+  }
   spdlog::info("move {} to {}: {} chunks sent, {} already there, {} failed{}{}", m.worker_event_id,
                m.new_position.target, r.chunks_sent, r.chunks_present, r.chunks_failed,
                r.error.empty() ? "" : ": ", r.error);

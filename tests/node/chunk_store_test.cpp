@@ -259,3 +259,36 @@ TEST(ChunkStore, ManyThreadsKeepTheBooksStraight) {
 
 }  // namespace
 }  // namespace kvnode::node
+
+namespace kvnode::node {
+namespace {
+
+// A writer of many chunks reserves with the tick it began at: only chunks stored before then
+// make room, so its own (and chunks it found already there, refreshed) never do (issue 19 item 3).
+TEST(ChunkStore, AWriterEvictsOnlyChunksOlderThanItsTick) {
+  gpu::ChunkPool pool = make_pool(4);
+  Recorder rec;
+  ChunkStore store(pool, "LocalCPUBackend", rec.sink());
+  ASSERT_TRUE(store_all(store, {1, 2, 3}));  // older chunks
+  const std::uint64_t since = store.tick();
+  EXPECT_GT(since, 0u);
+  EXPECT_TRUE(store.refresh(2));  // the writer found 2 there: its own now
+  EXPECT_FALSE(store.refresh(99));
+  for (ChunkHash h : {10, 11, 12}) {  // a free page, then 1 and 3 (older) make room
+    ASSERT_TRUE(store.reserve(h, since)) << h;
+    ASSERT_TRUE(store.commit(h));
+  }
+  EXPECT_FALSE(store.contains(1));
+  EXPECT_FALSE(store.contains(3));
+  // Full of 2, 10, 11, 12, all the writer's own: no room, and nothing evicted for it.
+  const Result<gpu::PageId> full = store.reserve(13, since);
+  ASSERT_FALSE(full);
+  EXPECT_NE(full.error().message.find("this writer's own chunks"), std::string::npos) << full.error().message;
+  for (ChunkHash h : {2, 10, 11, 12}) EXPECT_TRUE(store.contains(h)) << h;
+  // Any other writer still evicts least recently used first.
+  ASSERT_TRUE(store.reserve(13));
+  EXPECT_FALSE(store.contains(2));
+}
+
+}  // namespace
+}  // namespace kvnode::node

@@ -106,6 +106,7 @@ void put(const NodeArgs& a) {
   std::size_t stored = 0;
   double busy = 0;  // seconds in the node's put, not generating data
   bool told = false;
+  kvnode::node::PutSeries series;  // the batches are one put: none evicts an earlier one's chunks
   for (std::size_t first = 0; first < hashes.size(); first += kBatch) {
     const std::size_t n = std::min(kBatch, hashes.size() - first);
     for (std::size_t i = 0; i < n; ++i) {
@@ -119,7 +120,7 @@ void put(const NodeArgs& a) {
     const std::vector<std::int64_t> batch(hashes.begin() + static_cast<std::ptrdiff_t>(first),
                                           hashes.begin() + static_cast<std::ptrdiff_t>(first + n));
     auto t0 = Clock::now();
-    auto r = c->put(ChunkKeys::of_hashes(batch), std::span(buffer.data(), n * chunk));
+    auto r = c->put(ChunkKeys::of_hashes(batch), std::span(buffer.data(), n * chunk), &series);
     // A node refuses writes while a full sync with the controller runs (seconds, at its start).
     for (const auto until = t0 + std::chrono::duration<double>(a.wait_s);
          !r && r.error().message.find("frozen") != std::string::npos && Clock::now() < until;) {
@@ -127,18 +128,26 @@ void put(const NodeArgs& a) {
       told = true;
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
       t0 = Clock::now();
-      r = c->put(ChunkKeys::of_hashes(batch), std::span(buffer.data(), n * chunk));
+      r = c->put(ChunkKeys::of_hashes(batch), std::span(buffer.data(), n * chunk), &series);
     }
     busy += std::chrono::duration<double>(Clock::now() - t0).count();
     if (!r) fail(1, "put: " + r.error().message + " (" + std::to_string(stored) + " chunks stored before)");
     stored += *r;
+    if (*r < n) break;  // the node is full: it keeps the longest prefix that fits
   }
   const double bytes = static_cast<double>(stored * chunk);
   std::ostringstream human;
-  human << "stored " << stored << " chunks (" << mib(bytes) << ") at " << where(*c) << " in " << busy << " s ("
-        << bytes / busy / 1e9 << " GB/s)";
-  print(a, {{"chunks", stored}, {"bytes", stored * chunk}, {"seconds", busy}, {"shared_memory", c->shared_memory()}},
+  human << "stored " << stored;
+  if (stored < hashes.size()) human << " of " << hashes.size();
+  human << " chunks (" << mib(bytes) << ") at " << where(*c) << " in " << busy << " s (" << bytes / busy / 1e9
+        << " GB/s)";
+  if (stored < hashes.size())
+    human << "; the node has no room for the rest (it keeps the longest prefix that fits and evicts only older chunks)";
+  print(a,
+        {{"chunks", stored}, {"bytes", stored * chunk}, {"seconds", busy},
+         {"shared_memory", c->shared_memory()}},
         human.str());
+  if (stored < hashes.size()) throw CLI::RuntimeError(1);
 }
 
 // Reads the leading stored chunks batch by batch; calls each(index, bytes). Returns how many.

@@ -95,6 +95,23 @@ TEST_F(HttpApiTest, MoveMapsShouldCopyAndPositions) {
   EXPECT_EQ(m.tokens, (std::vector<std::int64_t>{INT64_MIN, INT64_MAX, 0}));
 }
 
+// A move to itself (the same instance, or an instance that is the same node by peer_init_url)
+// would count every chunk as already there and, copy off, evict the only copy: 400, no worker
+// asked (issue 19 item 1).
+TEST_F(HttpApiTest, MoveToItselfIs400AndAsksNoWorker) {
+  add_worker("inst-A", 0, tokens(256), "127.0.0.1:18602");
+  add_worker("inst-A2", 0, tokens(256), "127.0.0.1:18602");  // the same node, registered twice
+  auto r = post("/move", Json{{"old_position", {"inst-A", kCpu}}, {"new_position", {"inst-A", kCpu}}});
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_NE(r.body.find("same instance 'inst-A'"), std::string::npos) << r.body;
+  r = post("/move", Json{{"old_position", {"inst-A", kCpu}},
+                         {"new_position", {"inst-A2", kCpu}},
+                         {"should_copy", true}});
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_NE(r.body.find("are the same node (peer_init_url 127.0.0.1:18602)"), std::string::npos) << r.body;
+  for (const auto& w : workers_) EXPECT_EQ(w->received_count(), 0u);
+}
+
 TEST_F(HttpApiTest, HealthKeysAreStrings) {
   add_worker("inst-A", 0, tokens(0));
   add_worker("inst-A", 1, always(Answer::reply(wire::ErrorMsg{"x"})));

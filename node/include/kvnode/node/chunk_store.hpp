@@ -85,14 +85,24 @@ class ChunkStore {
   gpu::ChunkPool& pool() { return pool_; }
 
   // A page to write `hash` into. Errors: the chunk is already readable or being written, or
-  // every page is pinned, leased or being written.
-  Result<gpu::PageId> reserve(ChunkHash hash);
+  // every page is pinned, leased or being written. With `evict_up_to` (a tick()), only chunks
+  // stamped at or before it are evicted for space: a writer of many chunks (a local put over
+  // several rounds) takes tick() when it begins, so its own chunks, stamped later, never make
+  // room for its later ones; when nothing older is left the pool counts as full.
+  static constexpr std::uint64_t kAnyAge = UINT64_MAX;
+  Result<gpu::PageId> reserve(ChunkHash hash, std::uint64_t evict_up_to = kAnyAge);
   // Up to hashes.size() pages at once, all or nothing (a move's destination).
   Result<std::vector<gpu::PageId>> reserve(std::span<const ChunkHash> hashes);
   Status commit(ChunkHash hash);  // readable from now on: ADMIT
   void abort(ChunkHash hash);     // the write failed: the page goes back, no event
 
   bool contains(ChunkHash hash) const;
+  // Admission order: each commit (and refresh) stamps its chunk with the next tick; tick() is
+  // the latest stamp given (never 0).
+  std::uint64_t tick() const;
+  // A readable chunk a writer found already there: stamped now and most recently used, so the
+  // rest of that writer's chunks cannot evict it. False when not readable.
+  bool refresh(ChunkHash hash);
   // How many of `hashes`, from the first, are readable. With a pin id, those are pinned under
   // it (LMCache's lookup(pin=True)); unpin(id) releases them.
   std::size_t leading(std::span<const ChunkHash> hashes, const std::string& pin_id = "");
@@ -122,10 +132,11 @@ class ChunkStore {
     State state = State::kWriting;
     std::uint32_t pins = 0;
     std::uint32_t leases = 0;
+    std::uint64_t stamp = 0;  // the tick it became readable (or was refreshed) at
     std::list<ChunkHash>::iterator lru;  // valid while readable
   };
 
-  Result<gpu::PageId> take_page();  // a free page, or one won by evicting (lock held)
+  Result<gpu::PageId> take_page(std::uint64_t evict_up_to);  // free, or won by evicting (lock held)
   void drop(ChunkHash hash, Entry& e);  // readable -> gone or doomed (lock held)
   void release_lease(ChunkHash hash);
   void emit(StoreEvent::Kind kind, ChunkHash hash);
@@ -139,6 +150,7 @@ class ChunkStore {
   std::unordered_map<std::string, std::vector<ChunkHash>> pins_;
   StoreCounters counters_;
   bool frozen_ = false;
+  std::uint64_t tick_ = 1;
   std::vector<ChunkHash> remove_when_thawed_;
 };
 

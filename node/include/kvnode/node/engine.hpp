@@ -38,7 +38,8 @@ class Engine {
   std::size_t lookup_tokens(std::span<const std::int64_t> tokens, const std::string& pin_id = "");
 
   // Stores one chunk's bytes (exactly a page); readable, and reported, only once all are in.
-  Status put(ChunkHash hash, std::span<const std::byte> bytes);
+  // `evict_up_to`: as ChunkStore::reserve (a put of many chunks never evicts its own).
+  Status put(ChunkHash hash, std::span<const std::byte> bytes, std::uint64_t evict_up_to = ChunkStore::kAnyAge);
   // Copies a stored chunk out; its size, or an error when absent.
   Result<std::size_t> get(ChunkHash hash, std::span<std::byte> out);
 

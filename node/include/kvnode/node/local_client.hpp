@@ -48,6 +48,11 @@ struct RetrieveReply {
   std::string peer;        // the peer pulled from
 };
 
+// One logical put made of several put() calls: what the first call learns from the node.
+struct PutSeries {
+  std::uint64_t since = 0;  // the node's store tick when the put began (0: not begun)
+};
+
 struct LocalClientOptions {
   std::chrono::milliseconds timeout{15'000};  // per request (retrieve may cross the network)
   bool use_shared_memory = true;              // false: bytes inline even when the pool is shared
@@ -65,8 +70,12 @@ class LocalClient {
   bool shared_memory() const;  // the direct data path is in use
 
   // Stores chunk i from data[i * chunk_bytes, (i + 1) * chunk_bytes); data holds exactly one
-  // chunk per key. Chunks already stored are left as they are. Returns the chunks now stored.
-  Result<std::size_t> put(const ChunkKeys& keys, std::span<const std::byte> data);
+  // chunk per key. Chunks already stored are left as they are. Returns the leading chunks now
+  // stored: fewer than asked when the node ran out of room, for a put never evicts its own
+  // chunks (only older ones, least recently used first) and keeps the longest prefix that fits.
+  // One put split over several calls passes the same PutSeries to each, so a later call cannot
+  // evict what an earlier one stored either.
+  Result<std::size_t> put(const ChunkKeys& keys, std::span<const std::byte> data, PutSeries* series = nullptr);
   // Copies the leading stored chunks into out (chunk after chunk); returns how many. An error
   // when out is too small for every stored chunk asked for.
   Result<std::size_t> get(const ChunkKeys& keys, std::span<std::byte> out);

@@ -55,6 +55,7 @@ struct MoveResult {
   std::size_t tokens_confirmed = 0;  // the leading tokens the destination now holds
   std::size_t bytes = 0;
   std::string error;                 // why chunks failed, when some did
+  bool refused = false;              // the move itself was wrong (to this node): nothing tried
 };
 
 class PeerMoves {
@@ -65,7 +66,9 @@ class PeerMoves {
   void set_plane(transfer::TransferPlane* plane) { plane_ = plane; }
 
   // The source side of MoveWorkerMsg: the leading chunks of `tokens` go to the node at
-  // `peer_url`. Batches of kBatch chunks stream one after another.
+  // `peer_url`. Batches of kBatch chunks stream one after another. Refused when `peer_url` is
+  // this node's own listener: every chunk would count as "already there" and, with copy off,
+  // be evicted from the only node holding it.
   MoveResult move(const std::string& peer_url, const std::vector<std::int64_t>& tokens, bool copy);
   // Engine::on_control's Move: the reply the controller gets (num_tokens the destination holds).
   wire::Msg on_move(const wire::MoveWorkerMsg& m);
