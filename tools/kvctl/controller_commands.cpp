@@ -1,13 +1,16 @@
 // kvctl's orchestrator commands: lookup, move, clear, pin, health, check-finish, workers and
 // key-stats against a controller's HTTP API (kvcontroller's or LMCache's: the same paths and
 // JSON). Human-readable output by default, the controller's JSON with --json. Exit 0 on success,
-// 1 when the controller cannot be reached or answers an error (printed), 2 on bad input.
+// 1 when the controller cannot be reached or answers an error (printed; also a health code other
+// than 0 and a check-finish of a failed call), 2 on bad input, 3 when a move moved less than the
+// source held (kExitPartialMove).
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -43,6 +46,10 @@ std::pair<std::string, int> split_host_port(const std::string& hp) {
   }
 }
 
+// kvctl's exit status for a move that moved only part of what the source held (the destination
+// full, dead or frozen): the rest stays at the source. 1 is an error answer, 2 bad input.
+constexpr int kExitPartialMove = 3;
+
 json call(const Target& t, const std::string& method, const std::string& path, const json& body = {}) {
   const auto [host, port] = split_host_port(t.controller);
   httplib::Client client(host, port);
@@ -67,6 +74,21 @@ void print(const Target& t, const json& j, const std::string& human) {
     std::cout << j.dump() << "\n";
   else
     std::cout << human << "\n";
+}
+
+// The leading tokens `instance` holds by the controller's index, or nullopt when the lookup
+// fails (the move then goes ahead and is judged against the tokens asked).
+std::optional<std::int64_t> held_by(const Target& t, const std::string& instance, const std::vector<std::int64_t>& tokens) {
+  try {
+    const json j = call(t, "POST", "/lookup", {{"tokens", tokens}});
+    const json layout = j.value("layout_info", json::object());
+    if (!layout.contains(instance)) return 0;
+    const json& where = layout[instance];
+    if (!where.is_array() || where.size() < 2 || !where[1].is_number_integer()) return std::nullopt;
+    return where[1].get<std::int64_t>();
+  } catch (const CLI::RuntimeError&) {  // printed; the move itself still decides
+    return std::nullopt;
+  }
 }
 
 }  // namespace
@@ -110,6 +132,9 @@ void add_controller_commands(CLI::App& app) {
   m->tokens.add(move);
   move->callback([target, m] {
     const std::vector<std::int64_t> tokens = m->tokens.get();
+    // What the source holds before: a move that confirms less moved only part of it.
+    const std::int64_t asked = static_cast<std::int64_t>(tokens.size());
+    const std::int64_t held = tokens.empty() ? 0 : held_by(*target, m->from, tokens).value_or(asked);
     if (!target->json_out)
       std::cerr << "moving " << tokens.size() << " tokens " << m->from << " -> " << m->to << " ...\n";
     const auto t0 = Clock::now();
@@ -149,7 +174,12 @@ void add_controller_commands(CLI::App& app) {
       human << " (" << bytes / seconds / 1e9 << " GB/s, " << bytes / 1e6 << " MB)";
     }
     j["seconds"] = seconds;
+    const bool partial = moved < held;
+    if (partial)
+      human << "; partial: " << m->from << " held " << held << " of these tokens, the rest stays there (exit "
+            << kExitPartialMove << ")";
     print(*target, j, human.str());
+    if (partial) throw CLI::RuntimeError(kExitPartialMove);
   });
 
   struct InstanceArgs {
@@ -184,9 +214,13 @@ void add_controller_commands(CLI::App& app) {
     const json j = call(*target, "POST", "/health", {{"instance_id", *he}});
     std::string human;
     const json codes = j.value("error_codes", json::object());
-    for (const auto& [w, code] : codes.items())
+    bool healthy = !codes.empty();
+    for (const auto& [w, code] : codes.items()) {
       human += "worker " + w + ": " + (code == 0 ? "healthy" : "error " + code.dump()) + "\n";
-    print(*target, j, human.empty() ? j.dump() : human.substr(0, human.size() - 1));
+      healthy = healthy && code == 0;
+    }
+    print(*target, j, human.empty() ? "instance '" + *he + "' has no workers at the controller" : human.substr(0, human.size() - 1));
+    if (!healthy) throw CLI::RuntimeError(1);
   });
   auto ev = std::make_shared<std::string>();
   auto* check = app.add_subcommand("check-finish", "the outcome of an earlier call, by its event id");
@@ -195,6 +229,7 @@ void add_controller_commands(CLI::App& app) {
   check->callback([target, ev] {
     const json j = call(*target, "POST", "/check_finish", {{"event_id", *ev}});
     print(*target, j, j.value("status", j.dump()));
+    if (j.value("status", "") == "failed") throw CLI::RuntimeError(1);
   });
   auto* workers = app.add_subcommand("workers", "the registered workers");
   common(workers);
