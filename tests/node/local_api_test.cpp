@@ -160,6 +160,47 @@ TEST_F(LocalApiTest, RoundTripWithoutStagingRegion) {
   round_trip(*c);
 }
 
+// A put larger than the room the node has (issue 19 item 3), over shared staging and inline:
+// it evicts the older chunks, never its own leading ones (also across the calls of one
+// PutSeries), and answers the longest prefix it stored.
+TEST_F(LocalApiTest, APutLargerThanThePoolStoresTheLongestPrefixThatFits) {
+  for (const bool shared : {true, false}) {
+    SCOPED_TRACE(shared ? "shared staging" : "inline");
+    auto d = start(config_for(ctl_->ports(), shared ? "room-shm" : "room-inline"));  // 64 pages
+    ASSERT_TRUE(d);
+    auto c = client_of(d->local_socket(), shared);
+    ASSERT_TRUE(c);
+    const std::vector<std::int64_t> older = c->hashes(tokens(20 * kChunkTokens, 5000)).value();
+    Result<std::size_t> put{make_error("not tried")};
+    ASSERT_TRUE(eventually([&] {  // past the start-up full sync
+      put = c->put(ChunkKeys::of_hashes(older), bytes_of(older));
+      return put || put.error().message.find("frozen") == std::string::npos;
+    }));
+    ASSERT_EQ(or0(put), 20u) << (put ? "" : put.error().message);
+    const std::vector<std::int64_t> big = c->hashes(tokens(100 * kChunkTokens, 90000)).value();
+    const std::vector<std::byte> data = bytes_of(big);
+    put = c->put(ChunkKeys::of_hashes(big), data);
+    ASSERT_TRUE(put) << put.error().message;
+    EXPECT_EQ(*put, 64u) << "every older chunk made room, none of the put's own";
+    std::vector<std::byte> out(data.size());
+    EXPECT_EQ(or0(c->get(ChunkKeys::of_hashes(big), out)), 64u);
+    EXPECT_TRUE(std::equal(out.begin(), out.begin() + 64 * kBytes, data.begin()));
+    EXPECT_EQ(or0(c->get(ChunkKeys::of_hashes(older), out)), 0u);
+
+    // One put in two calls: the second cannot evict what the first stored.
+    const std::vector<std::int64_t> next = c->hashes(tokens(100 * kChunkTokens, 300000)).value();
+    const std::vector<std::byte> next_data = bytes_of(next);
+    PutSeries series;
+    const std::span<const std::byte> all(next_data);
+    put = c->put(ChunkKeys::of_hashes({next.begin(), next.begin() + 40}), all.first(40 * kBytes), &series);
+    EXPECT_EQ(or0(put), 40u);
+    put = c->put(ChunkKeys::of_hashes({next.begin() + 40, next.end()}), all.subspan(40 * kBytes), &series);
+    EXPECT_EQ(or0(put), 24u) << "64 pages: 40 of the first call and 24 of the second";
+    EXPECT_EQ(or0(c->get(ChunkKeys::of_hashes(next), out)), 64u);
+    EXPECT_TRUE(std::equal(out.begin(), out.begin() + 64 * kBytes, next_data.begin()));
+  }
+}
+
 TEST_F(LocalApiTest, ChunksPutAreIndexedAndRetrievedByAPeer) {
   auto a = start(config_for(ctl_->ports(), "local-A"));
   auto b = start(config_for(ctl_->ports(), "local-B"));
