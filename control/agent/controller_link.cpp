@@ -16,28 +16,35 @@ ControllerLink::ControllerLink(zmq::context_t& ctx, const std::string& endpoint,
   dealer_.set(zmq::sockopt::sndtimeo, static_cast<int>(timeout.count()));
   const std::string monitor_address = "inproc://kvnode-agent-link-" + name;
   // Without a monitor the link still works; a dropped connection then costs the timeout.
-  if (zmq_socket_monitor(dealer_.handle(), monitor_address.c_str(), ZMQ_EVENT_DISCONNECTED) == 0) {
+  // CONNECT_RETRIED: nothing accepts connections there (refused), which a request would
+  // otherwise learn only at its timeout.
+  if (zmq_socket_monitor(dealer_.handle(), monitor_address.c_str(),
+                         ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CONNECT_RETRIED) == 0) {
     monitor_ = zmq::socket_t(ctx, zmq::socket_type::pair);
     monitor_.set(zmq::sockopt::linger, 0);
     monitor_.connect(monitor_address);
   }
   dealer_.connect(endpoint);
+  endpoint_ = endpoint;
 }
 
-bool ControllerLink::dropped() {
-  bool any = false;
+std::optional<std::string> ControllerLink::failure() {
+  std::optional<std::string> why;
   zmq::message_t frame;
   while (monitor_ && monitor_.recv(frame, zmq::recv_flags::dontwait)) {
     // An event is two frames: 2 bytes of event id and 4 of value, then the peer's address.
     if (frame.size() >= sizeof(std::uint16_t)) {
       std::uint16_t event = 0;
       std::memcpy(&event, frame.data(), sizeof event);
-      any = any || event == ZMQ_EVENT_DISCONNECTED;
+      if (event == ZMQ_EVENT_DISCONNECTED)
+        why = "the connection to the controller dropped with the request out";
+      else if (event == ZMQ_EVENT_CONNECT_RETRIED && !why)
+        why = "cannot connect to the controller at " + endpoint_ + " (connection refused)";
     }
     while (frame.more() && monitor_.recv(frame, zmq::recv_flags::dontwait)) {
     }
   }
-  return any;
+  return why;
 }
 
 Result<wire::Msg> ControllerLink::exchange(const wire::Msg& request,
@@ -45,7 +52,7 @@ Result<wire::Msg> ControllerLink::exchange(const wire::Msg& request,
                                            const std::function<bool()>& stop) {
   const std::string payload = wire::encode(request);
   try {
-    (void)dropped();  // a drop before this request does not concern it: ZMQ resends after reconnecting
+    (void)failure();  // a drop before this request does not concern it: ZMQ resends after reconnecting
     if (!dealer_.send(zmq::message_t(), zmq::send_flags::sndmore) ||
         !dealer_.send(zmq::buffer(payload), zmq::send_flags::none))
       return make_error("send timed out");
@@ -56,8 +63,8 @@ Result<wire::Msg> ControllerLink::exchange(const wire::Msg& request,
     for (;;) {
       zmq::poll(items, n, kSlice);
       if (items[0].revents & ZMQ_POLLIN) break;
-      if (n == 2 && (items[1].revents & ZMQ_POLLIN) && dropped())
-        return make_error("the connection to the controller dropped with the request out");
+      if (n == 2 && (items[1].revents & ZMQ_POLLIN))
+        if (std::optional<std::string> why = failure()) return make_error(std::move(*why));
       if (stop()) return make_error("stopping");
       if (std::chrono::steady_clock::now() > give_up)
         return make_error("no reply within the request timeout");

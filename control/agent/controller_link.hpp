@@ -1,11 +1,13 @@
 // A DEALER to one of the controller's ROUTERs, with a monitor that reports when its TCP
 // connection drops. A request in flight when that happens has no reply coming (the controller
 // died or restarted), so exchange() fails it at once instead of after the request timeout; the
-// caller's retry then reaches the controller that came back.
+// caller's retry then reaches the controller that came back. A refused connect fails it at
+// once too: nothing listens there, so no reply can come.
 #pragma once
 
 #include <chrono>
 #include <functional>
+#include <optional>
 #include <string>
 #include <zmq.hpp>
 
@@ -27,10 +29,13 @@ class ControllerLink {
                              const std::function<bool()>& stop);
 
  private:
-  bool dropped();  // drains the monitor; true if it reported a disconnect
+  // Drains the monitor: why the request out cannot be answered (a disconnect, or a refused
+  // connect), or nullopt.
+  std::optional<std::string> failure();
 
   zmq::socket_t monitor_;  // PAIR on the DEALER's monitor endpoint; closed after the DEALER
   zmq::socket_t dealer_;
+  std::string endpoint_;
 };
 
 }  // namespace kvnode::agent

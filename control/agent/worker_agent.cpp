@@ -164,24 +164,40 @@ void WorkerAgent::Impl::register_and_heartbeat() {
   const wire::RegisterMsg hello{options_.instance_id, options_.worker_id, options_.ip, port_,
                                 options_.peer_init_url};
   std::optional<std::string> heartbeat_url;
+  // An unanswered attempt gives up after register_timeout (not the 30 s request timeout), so
+  // an operator hears of an unreachable controller within seconds.
+  const auto attempt_timeout = std::min(options_.request_timeout, options_.register_timeout);
   for (auto backoff = options_.register_backoff_first; !stopping_;) {
     ControllerLink s = link(options_.controller_reply_url);
     count([](AgentCounters& c) { ++c.register_attempts; });
-    Result<wire::Msg> reply = exchange(s, hello);
+    Result<wire::Msg> reply =
+        s.exchange(hello, attempt_timeout, [this] { return stopping_.load(); });
     if (reply && as<wire::RegisterRetMsg>(*reply)) {
       if (const std::string* url = as<wire::RegisterRetMsg>(*reply)->extra_config.find("heartbeat_url"))
         heartbeat_url = *url;
       registered_ = true;
-      count([](AgentCounters& c) { c.registered = true; });
+      count([](AgentCounters& c) {
+        c.registered = true;
+        c.last_register_error.clear();
+      });
       events_cv_.notify_all();
       spdlog::info("worker agent: registered {}/{} with {}", options_.instance_id,
                    options_.worker_id, options_.controller_reply_url);
       break;
     }
-    spdlog::warn("worker agent: registration with {} failed ({}); retrying in {} ms",
-                 options_.controller_reply_url,
-                 reply ? "answered " + std::string(wire::tag_of(*reply)) : reply.error().message,
-                 backoff.count());
+    if (stopping_) return;
+    std::string why = !reply ? reply.error().message
+                      : as<wire::ErrorMsg>(*reply)
+                          ? "the controller refused: " + as<wire::ErrorMsg>(*reply)->error
+                          : "the controller answered " + std::string(wire::tag_of(*reply));
+    std::uint64_t failures = 0;
+    count([&](AgentCounters& c) {
+      failures = ++c.register_failures;
+      c.last_register_error = why;
+    });
+    spdlog::warn("worker agent: registration {} of {}/{} with {} failed ({}); retrying in {} ms",
+                 failures, options_.instance_id, options_.worker_id, options_.controller_reply_url,
+                 why, backoff.count());
     if (wait_or_stop(backoff)) return;
     backoff = std::min(backoff * 2, options_.register_backoff_max);
   }

@@ -1,20 +1,24 @@
 #include "kvnode/node/daemon.hpp"
 
 #include <httplib.h>
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include <atomic>
+#include <chrono>
 #include <sstream>
 #include <thread>
 
 #include "kvnode/agent/worker_agent.hpp"
 #include "kvnode/node/local_service.hpp"
 #include "kvnode/node/peer_moves.hpp"
+#include "instance_lock.hpp"
 
 namespace kvnode::node {
 
 // Declared in the order they start; destroyed in reverse (HTTP, agent, plane, moves, ...).
 struct Daemon::Parts {
+  std::optional<InstanceLock> instance_lock;  // released last: the node is gone by then
   NodeConfig config;
   std::optional<gpu::ChunkPool> pool;
   std::atomic<agent::WorkerAgent*> agent_ptr{nullptr};
@@ -84,6 +88,8 @@ std::string metrics_text(const Daemon::Parts& p) {
          static_cast<std::uint64_t>(t.requests_rejected));
   const agent::AgentCounters a = p.agent->counters();
   metric("kvnode_controller_registered", "gauge", "1 once the controller answered registration.", "", a.registered ? 1U : 0U);
+  metric("kvnode_controller_registration_failures_total", "counter",
+         "Registration attempts unanswered or refused.", "", static_cast<std::uint64_t>(a.register_failures));
   metric("kvnode_controller_heartbeats_total", "counter", "Heartbeats answered.", "", static_cast<std::uint64_t>(a.heartbeats));
   metric("kvnode_controller_heartbeat_failures_total", "counter", "Heartbeats unanswered.", "",
          static_cast<std::uint64_t>(a.heartbeat_failures));
@@ -104,11 +110,34 @@ std::string metrics_text(const Daemon::Parts& p) {
   return out.str();
 }
 
+// /health and /ready: "registered" and, until then, why not ("not registered: <why>"). Liveness
+// says "ok" while the process serves; readiness says "ready" only once registered.
+std::string health_json(const Daemon::Parts& p, bool readiness) {
+  const agent::AgentCounters a = p.agent->counters();
+  const char* status = !readiness ? "ok" : a.registered ? "ready" : "not ready";
+  std::string out = std::string("{\"status\":\"") + status + "\",\"registered\":" + (a.registered ? "true" : "false");
+  if (!a.registered) {
+    const std::string why = a.last_register_error.empty()
+                                ? "registering with " + p.config.controller_reply_url
+                                : a.last_register_error + " (" + std::to_string(a.register_failures) +
+                                      " failed attempts)";
+    out += ",\"detail\":" + nlohmann::json("not registered: " + why).dump();
+  }
+  return out + ",\"peer_init_url\":" + nlohmann::json(p.plane->url()).dump() + "}";
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Daemon>> Daemon::start(const NodeConfig& c) {
   auto p = std::make_unique<Parts>();
   p->config = c;
+  // One node per local socket (so per instance and rank by default): refused before anything is
+  // allocated, registered, bound or unlinked, so the running node keeps all of it.
+  if (const std::string socket_path = local_socket_path(c); !socket_path.empty()) {
+    Result<InstanceLock> lock = InstanceLock::acquire(socket_path);
+    if (!lock) return lock.error();
+    p->instance_lock.emplace(std::move(lock).value());
+  }
   Result<std::pair<std::size_t, std::size_t>> geometry = pool_geometry(c);
   if (!geometry) return geometry.error();
   Result<gpu::MemoryKind> kind = gpu::parse_memory_kind(c.memory);
@@ -117,10 +146,16 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const NodeConfig& c) {
   po.page_bytes = geometry->first;
   po.pages = geometry->second;
   po.region.kind = *kind;
+  // Host memory is faulted in (mlock or populate) before the node serves: seconds per GB.
+  const double gb = static_cast<double>(po.pages * po.page_bytes) / 1e9;
+  if (*kind != gpu::MemoryKind::kDevice)
+    spdlog::info("kvnode: faulting in {:.2f} GB of {} memory for {} chunks...", gb, c.memory, po.pages);
+  const auto pool_start = std::chrono::steady_clock::now();
   Result<gpu::ChunkPool> pool = gpu::ChunkPool::create(po);
   if (!pool) return make_error("chunk memory: " + pool.error().message);
   p->pool.emplace(std::move(pool).value());
-  spdlog::info("kvnode: {} chunks of {} bytes in {} memory", po.pages, po.page_bytes, c.memory);
+  spdlog::info("kvnode: {} chunks of {} bytes in {} memory, ready in {:.1f} s", po.pages, po.page_bytes,
+               c.memory, std::chrono::duration<double>(std::chrono::steady_clock::now() - pool_start).count());
 
   Parts* raw = p.get();
   const std::string location = "LocalCPUBackend";
@@ -189,12 +224,15 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const NodeConfig& c) {
   }
 
   if (c.http_port >= 0) {
+    // Liveness: 200 while the process serves. Readiness (/ready): 503 until the controller
+    // answered a registration, so traffic waits for a node the cluster can find.
     p->http.Get("/health", [raw](const httplib::Request&, httplib::Response& res) {
-      const bool registered = raw->agent->registered();
       res.status = 200;
-      res.set_content(std::string("{\"status\":\"ok\",\"registered\":") + (registered ? "true" : "false") +
-                          ",\"peer_init_url\":\"" + raw->plane->url() + "\"}",
-                      "application/json");
+      res.set_content(health_json(*raw, false), "application/json");
+    });
+    p->http.Get("/ready", [raw](const httplib::Request&, httplib::Response& res) {
+      res.status = raw->agent->registered() ? 200 : 503;
+      res.set_content(health_json(*raw, true), "application/json");
     });
     p->http.Get("/metrics", [raw](const httplib::Request&, httplib::Response& res) {
       res.set_content(metrics_text(*raw), "text/plain; version=0.0.4; charset=utf-8");

@@ -11,6 +11,7 @@
 #include <zmq.hpp>
 
 #include "local_protocol.hpp"
+#include "local_socket_check.hpp"
 
 namespace kvnode::node {
 
@@ -123,6 +124,7 @@ struct LocalClient::Impl {
 
 Result<std::unique_ptr<LocalClient>> LocalClient::connect(const std::string& socket_path,
                                                           LocalClientOptions options) {
+  if (Status reachable = check_local_socket(socket_path); !reachable) return reachable.error();
   auto impl = std::make_unique<Impl>();
   impl->path = socket_path;
   impl->options = options;

@@ -147,5 +147,61 @@ TEST(KvnodeProcess, MetricsPrintIntegers) {
   EXPECT_EQ(metrics.find("e+"), std::string::npos) << metrics;
 }
 
+// Issue 19 item 13: a node whose controller is unreachable says why at once (log, /health, a
+// metric), is alive (/health 200) but not ready (/ready 503) until it registers; its start-up
+// says how much memory it faults in and how long that took.
+TEST(KvnodeProcess, UnreachableControllerIsExplainedAndReadinessWaitsForRegistration) {
+  const int pull = free_port(), reply = free_port(), http_port = free_port();
+  test::ChildProcess node({KVNODE_PATH, "--instance-id", "ready-" + std::to_string(::getpid()),
+                           "--controller-pull-url", "127.0.0.1:" + std::to_string(pull),
+                           "--controller-reply-url", "127.0.0.1:" + std::to_string(reply),
+                           "--chunk-bytes", "65536", "--max-local-cpu-size", "0.01",
+                           "--http-port", std::to_string(http_port), "--local-socket", "off",
+                           "--ucx-tls", "tcp", "--ucx-net-devices", "lo"});
+  httplib::Client http("127.0.0.1", http_port);
+  http.set_connection_timeout(1s);
+  std::string health;
+  for (auto until = Clock::now() + 10s; Clock::now() < until; std::this_thread::sleep_for(20ms)) {
+    ASSERT_TRUE(node.running()) << node.describe_exit() << "\n" << node.output();
+    auto r = http.Get("/health");
+    if (r && r->body.find("connection refused") != std::string::npos) {
+      EXPECT_EQ(r->status, 200);
+      health = r->body;
+      break;
+    }
+  }
+  ASSERT_FALSE(health.empty()) << node.output();
+  EXPECT_NE(health.find("\"status\":\"ok\""), std::string::npos) << health;
+  EXPECT_NE(health.find("\"detail\":\"not registered: cannot connect to the controller at tcp://127.0.0.1:" +
+                        std::to_string(reply)),
+            std::string::npos)
+      << health;
+  auto ready = http.Get("/ready");
+  ASSERT_TRUE(ready);
+  EXPECT_EQ(ready->status, 503) << ready->body;
+  auto metrics = http.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_EQ(metrics->body.find("kvnode_controller_registration_failures_total 0\n"), std::string::npos);
+  EXPECT_NE(metrics->body.find("kvnode_controller_registration_failures_total "), std::string::npos);
+  const std::string log = node.output();
+  EXPECT_NE(log.find("registration 1 of ready-"), std::string::npos) << log;
+  EXPECT_NE(log.find("retrying in"), std::string::npos) << log;
+  EXPECT_NE(log.find("faulting in 0.01 GB of host memory"), std::string::npos) << log;
+  EXPECT_NE(log.find("ready in"), std::string::npos) << log;
+
+  auto ctl = rig::start_controller([&](controller::ControllerConfig& c) {
+    c.controller_monitor_ports = {pull, reply, 0};
+  });
+  bool became_ready = false;
+  for (auto until = Clock::now() + 20s; !became_ready && Clock::now() < until;
+       std::this_thread::sleep_for(50ms))
+    if (auto r = http.Get("/ready"); r && r->status == 200) became_ready = true;
+  EXPECT_TRUE(became_ready) << node.output();
+  auto after = http.Get("/health");
+  ASSERT_TRUE(after);
+  EXPECT_NE(after->body.find("\"registered\":true"), std::string::npos) << after->body;
+  EXPECT_EQ(after->body.find("detail"), std::string::npos) << after->body;
+}
+
 }  // namespace
 }  // namespace kvnode::node

@@ -57,6 +57,7 @@ class ChildProcess {
   }
 
   bool started() const { return pid_ > 0 || exit_status_.has_value(); }
+  pid_t pid() const { return pid_; }
   // Sends a signal (SIGSTOP, SIGCONT, ...) to a child that is still running.
   void signal(int sig) {
     if (pid_ > 0) ::kill(pid_, sig);

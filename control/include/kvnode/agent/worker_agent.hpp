@@ -34,6 +34,7 @@ struct AgentOptions {
   // 0 disables. LMCache's default is off, which leaves a restarted controller blind; ours is on.
   std::chrono::milliseconds heartbeat_period{5000};
   std::chrono::milliseconds request_timeout{30000};  // LMCache's worker_socket_recv_timeout_ms
+  std::chrono::milliseconds register_timeout{5000};  // one registration attempt, at most
   std::chrono::milliseconds register_backoff_first{100};
   std::chrono::milliseconds register_backoff_max{5000};
   std::size_t batch_size = 50;                       // kv_msg_batch_size
@@ -63,6 +64,8 @@ struct AgentHandlers {
 
 struct AgentCounters {
   std::uint64_t register_attempts = 0;
+  std::uint64_t register_failures = 0;  // attempts unanswered, refused or answered wrongly
+  std::string last_register_error;      // why the last attempt failed; empty once registered
   std::uint64_t heartbeats = 0;
   std::uint64_t heartbeat_failures = 0;
   std::uint64_t events_sent = 0;
