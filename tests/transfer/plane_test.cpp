@@ -153,6 +153,14 @@ TEST_P(TwoPlanes, PullPushAndTheWriteNotice) {
   EXPECT_EQ(r.stats.ops, GetParam().expected == Protocol::kRma ? 2u : 1u);
   for (const PageCopy& p : pull)
     EXPECT_EQ(test::check_pattern(a_pool.page(p.local), kPageBytes, 2, p.remote), kPageBytes);
+  // B counts what it served, whichever way it went: a one-sided get never reaches B's plane, so
+  // A tells it afterwards (the notice may trail A's completion by a moment).
+  auto served_reaches = [&](std::uint64_t bytes) {
+    for (auto until = Clock::now() + 5s; Clock::now() < until; std::this_thread::sleep_for(1ms))
+      if (b->counters().bytes_served >= bytes) break;
+    return b->counters().bytes_served;
+  };
+  EXPECT_EQ(served_reaches(pull.size() * kPageBytes), pull.size() * kPageBytes);
 
   for (gpu::PageId p = 0; p < 4; ++p) test::fill_pattern(a_pool.page(p), kPageBytes, 77, p);
   const TransferResult w = a->push(b->url(), {{0, 12}, {1, 13}, {2, 3}, {3, 0}}).get();
@@ -170,6 +178,7 @@ TEST_P(TwoPlanes, PullPushAndTheWriteNotice) {
   std::lock_guard lock(mutex);
   EXPECT_EQ(std::set<gpu::PageId>(written.begin(), written.end()), (std::set<gpu::PageId>{0, 3, 12, 13}));
   EXPECT_EQ(writer, a->url());
+  EXPECT_EQ(served_reaches(8 * kPageBytes), 8 * kPageBytes);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -364,25 +373,16 @@ TEST(HostilePeer, RequestsOutsideThePoolAreRejectedAndAnswered) {
   hello.base = reinterpret_cast<std::uint64_t>(mine.data());
   hello.page_bytes = kPageBytes;
   hello.pages = 1;
-  // Dial by hand and keep the control endpoint open: the plane ends a session whose control
-  // endpoint goes away.
-  Answer welcome;
-  set_handler(worker, kWelcomeAmId, &welcome);
-  const ucx::Bytes hello_bytes = encode(hello);
-  const Dialed dialed = must(dial(worker, "127.0.0.1", port, hello_bytes,
-                                  [](void*, ucp_ep_h, ucs_status_t) {}, nullptr));
-  for (auto until = Clock::now() + 10s; !welcome.received && Clock::now() < until;) worker.progress();
-  ASSERT_TRUE(welcome.received);
-  if (dialed.send && !UCS_PTR_IS_ERR(dialed.send)) ucp_request_free(dialed.send);
-  ucx::Bytes welcome_bytes(welcome.text.size());
-  std::memcpy(welcome_bytes.data(), welcome.text.data(), welcome.text.size());
-  const PeerDescriptor server = must(decode_descriptor(welcome_bytes));
+  // Dial by hand and keep the control link open: the plane ends a session whose link goes away.
+  ControlLink control = must(ControlLink::dial("127.0.0.1", port, encode(hello)));
+  std::optional<ucx::Bytes> welcome_bytes;
+  for (auto until = Clock::now() + 10s; !welcome_bytes && Clock::now() < until;) {
+    ASSERT_TRUE(control.pump());
+    welcome_bytes = control.take_frame();
+  }
+  ASSERT_TRUE(welcome_bytes);
+  const PeerDescriptor server = must(decode_descriptor(*welcome_bytes));
   const ucx::Endpoint ep = must(ucx::Endpoint::connect(worker, server.worker_address));
-  struct CloseControl {
-    const ucx::Worker& w;
-    ucp_ep_h ep;
-    ~CloseControl() { ucx::close_forced(w, ep); }
-  } close_control{worker, dialed.ep};
   Answer reject, ack, data;
   set_handler(worker, wire::kPullReject, &reject);
   set_handler(worker, wire::kPushAck, &ack);
@@ -431,7 +431,7 @@ class FakePeer {
  public:
   explicit FakePeer(const std::function<PeerDescriptor(const ucx::Worker&)>& describe, bool serve = true)
       : ctx_(must(ucx::Context::create(loopback_tcp()))), worker_(must(ucx::Worker::create(ctx_))) {
-    listener_ = must(Listener::bind(worker_, "127.0.0.1", 0, encode(describe(worker_))));
+    listener_ = must(Listener::bind("127.0.0.1", 0, encode(describe(worker_))));
     if (serve)
       thread_ = std::thread([this] {
         while (!stop_) listener_->progress();

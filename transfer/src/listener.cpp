@@ -1,265 +1,259 @@
 #include "kvnode/transfer/listener.hpp"
 
-#include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
+#include <vector>
 
 namespace kvnode::transfer {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr unsigned kHelloId = kHelloAmId;
-constexpr unsigned kWelcomeId = kWelcomeAmId;
-constexpr auto kShutdownGrace = std::chrono::seconds(1);
-constexpr std::size_t kMaxHello = 64 << 10;  // a descriptor is a few hundred bytes
+constexpr LinkId kSocketKey = 0;  // link ids start at 1
+constexpr int kBacklog = 128;
+constexpr int kAcceptsPerProgress = 64;  // then the plane's other work gets a turn
+// Clients waiting for their hello hold at most this share of the process's descriptors, so a
+// flood on the transfer port cannot starve the rest of the node (ZeroMQ, HTTP, UCX) of them.
+constexpr rlim_t kPendingShareOfDescriptors = 4;
 
-Result<sockaddr_storage> resolve(const std::string& host, std::uint16_t port, socklen_t* len) {
-  sockaddr_storage ss{};
-  auto* v4 = reinterpret_cast<sockaddr_in*>(&ss);
-  auto* v6 = reinterpret_cast<sockaddr_in6*>(&ss);
-  const std::string h = host.empty() ? "0.0.0.0" : host;
-  if (inet_pton(AF_INET, h.c_str(), &v4->sin_addr) == 1) {
-    v4->sin_family = AF_INET;
-    v4->sin_port = htons(port);
-    *len = sizeof(sockaddr_in);
-  } else if (inet_pton(AF_INET6, h.c_str(), &v6->sin6_addr) == 1) {
-    v6->sin6_family = AF_INET6;
-    v6->sin6_port = htons(port);
-    *len = sizeof(sockaddr_in6);
-  } else {
-    return make_error("'" + host + "' is not an IPv4 or IPv6 address");
-  }
-  return ss;
+std::size_t pending_cap(std::size_t wanted) {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return wanted;
+  return std::max<std::size_t>(
+      1, std::min<std::size_t>(wanted, limit.rlim_cur / kPendingShareOfDescriptors));
 }
 
-void ignore_errors(void*, ucp_ep_h, ucs_status_t) {}
+UniqueFd open_reserve() {
+  return UniqueFd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+}
 
 }  // namespace
 
-Result<std::unique_ptr<Listener>> Listener::bind(const ucx::Worker& worker, const std::string& host,
-                                                 std::uint16_t port, ucx::Bytes descriptor) {
+Listener::Listener(Epoll epoll, UniqueFd socket, ListenerHooks hooks, ListenerLimits limits)
+    : epoll_(std::move(epoll)),
+      socket_(std::move(socket)),
+      reserve_(open_reserve()),
+      hooks_(std::move(hooks)),
+      limits_(limits),
+      next_log_(Clock::now()) {}
+
+Listener::~Listener() = default;
+
+Result<std::unique_ptr<Listener>> Listener::bind(const std::string& host, std::uint16_t port,
+                                                 LinkBytes descriptor) {
   ListenerHooks hooks;
-  hooks.answer = [d = std::move(descriptor)](const ucx::Bytes&, ucp_ep_h) { return d; };
-  return bind(worker, host, port, std::move(hooks));
+  hooks.answer = [d = std::move(descriptor)](const LinkBytes&, LinkId) {
+    return ListenerAnswer{d, true};
+  };
+  return bind(host, port, std::move(hooks));
 }
 
-Result<std::unique_ptr<Listener>> Listener::bind(const ucx::Worker& worker, const std::string& host,
-                                                 std::uint16_t port, ListenerHooks hooks) {
-  socklen_t len = 0;
-  Result<sockaddr_storage> addr = resolve(host, port, &len);
+Result<std::unique_ptr<Listener>> Listener::bind(const std::string& host, std::uint16_t port,
+                                                 ListenerHooks hooks, ListenerLimits limits) {
+  const std::string where = "cannot listen at " + host + ":" + std::to_string(port) + ": ";
+  Result<SocketAddress> addr = parse_address(host, port);
   if (!addr) return make_error("listener: " + addr.error().message);
-  std::unique_ptr<Listener> self(new Listener(worker, std::move(hooks)));
-  if (Status s = worker.set_am_handler(kHelloId, &Listener::on_hello, self.get()); !s)
-    return s.error();
-  ucp_listener_params_t params{};
-  params.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-  params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&*addr);
-  params.sockaddr.addrlen = len;
-  params.conn_handler.cb = &Listener::on_connection;
-  params.conn_handler.arg = self.get();
-  if (ucs_status_t st = ucp_listener_create(worker.get(), &params, &self->listener_); st != UCS_OK)
-    return make_error("cannot listen at " + host + ":" + std::to_string(port) + ": " +
-                      ucs_status_string(st));
-  ucp_listener_attr_t attr{};
-  attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
-  if (ucs_status_t st = ucp_listener_query(self->listener_, &attr); st != UCS_OK)
-    return ucx::status_error("ucp_listener_query", st);
-  self->port_ = ntohs(attr.sockaddr.ss_family == AF_INET6
-                          ? reinterpret_cast<const sockaddr_in6*>(&attr.sockaddr)->sin6_port
-                          : reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port);
+  UniqueFd fd(::socket(addr->storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return make_error(where + std::strerror(errno));
+  // A restarted node gets its port back while old connections sit in TIME_WAIT; a port another
+  // socket listens on stays refused (no SO_REUSEPORT: nobody shares it).
+  const int one = 1;
+  (void)setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&addr->storage), addr->length) != 0) {
+    const int e = errno;
+    return make_error(where + (e == EADDRINUSE ? std::string("port in use") : std::strerror(e)));
+  }
+  if (::listen(fd.get(), kBacklog) != 0) return make_error(where + std::strerror(errno));
+  sockaddr_storage bound{};
+  socklen_t len = sizeof(bound);
+  if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&bound), &len) != 0)
+    return make_error(where + std::strerror(errno));
+  Result<Epoll> epoll = Epoll::create();
+  if (!epoll) return make_error(where + epoll.error().message);
+  epoll->add(fd.get(), EPOLLIN, kSocketKey);
+  limits.max_pending = pending_cap(limits.max_pending);
+  std::unique_ptr<Listener> self(
+      new Listener(std::move(epoll).value(), std::move(fd), std::move(hooks), limits));
+  self->port_ =
+      ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<const sockaddr_in6*>(&bound)->sin6_port
+                                        : reinterpret_cast<const sockaddr_in*>(&bound)->sin_port);
   return self;
 }
 
-Listener::~Listener() {
-  // Answers still in flight get a moment, then are cancelled: a peer that went away must not
-  // hold up shutdown.
-  const auto until = Clock::now() + kShutdownGrace;
-  for (const Send& send : sends_) {
-    ucs_status_ptr_t request = send.request;
-    bool cancelled = false;
-    while (ucp_request_check_status(request) == UCS_INPROGRESS) {
-      worker_.progress();
-      if (!cancelled && Clock::now() > until) {
-        ucp_request_cancel(worker_.get(), request);
-        cancelled = true;
-      }
-    }
-    ucp_request_free(request);
-  }
-  for (ucp_ep_h ep : accepted_) ucx::close_forced(worker_, ep);
-  if (listener_) ucp_listener_destroy(listener_);
-  (void)worker_.set_am_handler(kHelloId, nullptr, nullptr);
-}
-
-void Listener::on_connection(ucp_conn_request_h request, void* arg) {
-  auto* self = static_cast<Listener*>(arg);
-  ucp_ep_params_t params{};
-  params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  params.conn_request = request;
-  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-  params.err_handler.cb = &Listener::on_error;
-  params.err_handler.arg = self;
-  ucp_ep_h ep = nullptr;
-  // On failure UCX 1.13 has already consumed the request (a client that left before we got to
-  // it): rejecting it as well would touch freed memory, so there is nothing more to do.
-  if (ucp_ep_create(self->worker_.get(), &params, &ep) == UCS_OK) self->accepted_.push_back(ep);
-}
-
-void Listener::on_error(void* arg, ucp_ep_h ep, ucs_status_t) {
-  static_cast<Listener*>(arg)->lost_.push_back(ep);  // closed from progress(), not in here
-}
-
-ucs_status_t Listener::on_hello(void* arg, const void*, std::size_t, void* data, std::size_t length,
-                                const ucp_am_recv_param_t* param) {
-  auto* self = static_cast<Listener*>(arg);
-  // A hello too large to come eagerly is not a descriptor: no answer.
-  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) || param->reply_ep == nullptr ||
-      (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || length > kMaxHello)
-    return UCS_OK;
-  Hello hello{param->reply_ep, ucx::Bytes(length)};
-  if (length) std::memcpy(hello.body.data(), data, length);
-  self->hellos_.push_back(std::move(hello));  // answered from progress(), not in here
-  return UCS_OK;
-}
-
-void Listener::drop(ucp_ep_h control) {
-  const auto it = std::find(accepted_.begin(), accepted_.end(), control);
-  if (it == accepted_.end()) return;
-  accepted_.erase(it);
-  std::erase_if(hellos_, [&](const Hello& h) { return h.ep == control; });
-  std::erase(lost_, control);
-  ucx::close_forced(worker_, control);
-}
-
-unsigned Listener::progress() {
-  unsigned n = worker_.progress();
-  while (!lost_.empty()) {
-    ucp_ep_h ep = lost_.front();
-    lost_.pop_front();
-    if (std::find(accepted_.begin(), accepted_.end(), ep) == accepted_.end()) continue;
-    if (hooks_.lost) hooks_.lost(ep);
-    drop(ep);
-    ++n;
-  }
-  while (!hellos_.empty()) {
-    Hello hello = std::move(hellos_.front());
-    hellos_.pop_front();
-    // The answer's bytes live with the send until UCX is done with them.
-    auto answer = std::make_unique<ucx::Bytes>(hooks_.answer(hello.body, hello.ep));
-    ucp_request_param_t params{};
-    params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    params.flags = UCP_AM_SEND_FLAG_REPLY;
-    ucs_status_ptr_t request =
-        ucp_am_send_nbx(hello.ep, kWelcomeId, nullptr, 0, answer->data(), answer->size(), &params);
-    if (request != nullptr && !UCS_PTR_IS_ERR(request)) sends_.push_back({request, std::move(answer)});
-    ++handshakes_;
-    ++n;
-  }
-  std::erase_if(sends_, [](const Send& send) {
-    if (ucp_request_check_status(send.request) == UCS_INPROGRESS) return false;
-    ucp_request_free(send.request);
-    return true;
-  });
+std::size_t Listener::pending() const {
+  std::size_t n = 0;
+  for (const auto& [id, c] : conns_) n += c.answered ? 0 : 1;
   return n;
 }
 
-Result<Dialed> dial(const ucx::Worker& worker, const std::string& host, std::uint16_t port,
-                    const ucx::Bytes& hello, ucp_err_handler_cb_t on_error, void* arg) {
-  socklen_t len = 0;
-  Result<sockaddr_storage> addr = resolve(host, port, &len);
-  if (!addr) return make_error("dial " + host + ":" + std::to_string(port) + ": " + addr.error().message);
-  ucp_ep_params_t params{};
-  params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-  params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&*addr);
-  params.sockaddr.addrlen = len;
-  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-  params.err_handler.cb = on_error;
-  params.err_handler.arg = arg;
-  Dialed out;
-  if (ucs_status_t st = ucp_ep_create(worker.get(), &params, &out.ep); st != UCS_OK)
-    return make_error("dial " + host + ":" + std::to_string(port) + ": " + ucs_status_string(st));
-  ucp_request_param_t send{};
-  send.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  send.flags = UCP_AM_SEND_FLAG_REPLY;
-  out.send = ucp_am_send_nbx(out.ep, kHelloId, nullptr, 0, hello.data(), hello.size(), &send);
-  if (UCS_PTR_IS_ERR(out.send)) {
-    const ucs_status_t st = UCS_PTR_STATUS(out.send);
-    ucx::close_forced(worker, out.ep);
-    return ucx::status_error("ucp_am_send_nbx(hello)", st);
+unsigned Listener::progress() {
+  unsigned n = 0;
+  const auto now = Clock::now();
+  if (paused_ && now >= resume_at_) {
+    paused_ = false;
+    epoll_.add(socket_.get(), EPOLLIN, kSocketKey);
   }
-  return out;
+  for (const LinkId key : epoll_.ready()) n += key == kSocketKey ? accept_all() : serve(key);
+  // Hellos that did not come in time.
+  std::vector<LinkId> late;
+  for (const auto& [id, c] : conns_)
+    if (!c.answered && now > c.deadline) late.push_back(id);
+  for (const LinkId id : late) {
+    note_drop("no hello within " + std::to_string(limits_.hello_timeout.count()) + " ms");
+    close(id, false, {});
+  }
+  log_now_and_then();
+  return n + static_cast<unsigned>(late.size());
 }
 
-namespace {
-
-struct Welcome {
-  bool received = false;
-  bool too_large = false;
-  ucx::Bytes descriptor;
-};
-
-ucs_status_t on_welcome(void* arg, const void*, std::size_t, void* data, std::size_t length,
-                        const ucp_am_recv_param_t* param) {
-  auto* w = static_cast<Welcome*>(arg);
-  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
-    w->too_large = true;  // a descriptor is a few hundred bytes: eager, or not ours
-  } else {
-    w->descriptor.resize(length);
-    if (length) std::memcpy(w->descriptor.data(), data, length);
-  }
-  w->received = true;
-  return UCS_OK;
-}
-
-}  // namespace
-
-Result<ucx::Bytes> handshake(const ucx::Worker& worker, const std::string& host, std::uint16_t port,
-                             const ucx::Bytes& descriptor, Clock::time_point deadline) {
-  socklen_t len = 0;
-  Result<sockaddr_storage> addr = resolve(host, port, &len);
-  if (!addr) return make_error("handshake: " + addr.error().message);
-  Welcome welcome;
-  if (Status s = worker.set_am_handler(kWelcomeId, &on_welcome, &welcome); !s) return s.error();
-  ucp_ep_params_t params{};
-  params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-  params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&*addr);
-  params.sockaddr.addrlen = len;
-  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-  params.err_handler.cb = &ignore_errors;
-  ucp_ep_h ep = nullptr;
-  const std::string where = host + ":" + std::to_string(port);
-  Result<ucx::Bytes> result = make_error("handshake with " + where + ": no answer before the deadline");
-  if (ucs_status_t st = ucp_ep_create(worker.get(), &params, &ep); st != UCS_OK) {
-    result = make_error("handshake with " + where + ": " + ucs_status_string(st));
-  } else {
-    ucp_request_param_t send{};
-    send.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    send.flags = UCP_AM_SEND_FLAG_REPLY;
-    const Status sent = worker.wait(
-        ucp_am_send_nbx(ep, kHelloId, nullptr, 0, descriptor.data(), descriptor.size(), &send),
-        deadline, "ucp_am_send_nbx(hello)");
-    if (!sent) {
-      result = make_error("handshake with " + where + ": " + sent.error().message);
-    } else {
-      while (!welcome.received && Clock::now() < deadline)
-        for (int i = 0; i < 64 && !welcome.received; ++i) worker.progress();
-      if (welcome.too_large)
-        result = make_error("handshake with " + where + ": the answer came as a rendezvous");
-      else if (welcome.received)
-        result = std::move(welcome.descriptor);
+unsigned Listener::accept_all() {
+  unsigned n = 0;
+  for (int i = 0; i < kAcceptsPerProgress; ++i) {
+    UniqueFd fd(::accept4(socket_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+    if (!fd.valid()) {
+      const int error = errno;
+      if (error == EMFILE || error == ENFILE) {
+        if (out_of_descriptors()) break;
+        ++n;
+        continue;
+      }
+      // EAGAIN: nothing left; ECONNABORTED and the like: that client is gone already.
+      if (error == EAGAIN || error == EWOULDBLOCK) break;
+      continue;
     }
-    ucx::close_forced(worker, ep);
+    ++n;
+    ++counters_.accepted;
+    if (pending() >= limits_.max_pending) {
+      ++counters_.refused;
+      continue;  // closed here: a flood of silent connections holds at most max_pending
+    }
+    const int one = 1;
+    (void)setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    const LinkId id = next_id_++;
+    Conn& c =
+        conns_.emplace(id, Conn{ControlLink(std::move(fd)), Clock::now() + limits_.hello_timeout})
+            .first->second;
+    epoll_.add(c.link.fd(), c.link.events(), id);
+    n += serve(id);  // the hello is often there already
   }
-  (void)worker.set_am_handler(kWelcomeId, nullptr, nullptr);
-  return result;
+  return n;
+}
+
+bool Listener::out_of_descriptors() {
+  // accept() fails so whether or not a client waits. The reserve descriptor, freed for a moment,
+  // takes a waiting one off the backlog to close it, so the client hears at once instead of
+  // hanging, and the listening socket stops being readable instead of spinning the thread.
+  bool refused = false;
+  if (reserve_.valid()) {
+    reserve_.reset();
+    refused = UniqueFd(::accept4(socket_.get(), nullptr, nullptr, SOCK_CLOEXEC)).valid();
+    reserve_ = open_reserve();
+  }
+  if (refused) {
+    ++counters_.out_of_descriptors;
+    ++counters_.refused;
+  }
+  if (reserve_.valid()) return !refused;
+  // No reserve to spend (something else took the descriptor): stop watching the socket a while.
+  paused_ = true;
+  resume_at_ = Clock::now() + limits_.accept_pause;
+  epoll_.remove(socket_.get());
+  return true;
+}
+
+unsigned Listener::serve(LinkId id) {
+  const auto it = conns_.find(id);
+  if (it == conns_.end()) return 0;
+  Conn& c = it->second;
+  const Status pumped = c.link.pump();
+  if (!c.answered) {
+    if (std::optional<LinkBytes> hello = c.link.take_frame()) {
+      ListenerAnswer a = hooks_.answer(*hello, id);
+      c.link.send(a.body);
+      c.answered = true;
+      c.closing = !a.keep;
+      ++counters_.handshakes;
+      if (Status sent = c.link.pump(); !sent) {
+        close(id, a.keep, sent.error().message);
+        return 1;
+      }
+    } else if (!pumped) {
+      note_drop(pumped.error().message);
+      close(id, false, {});
+      return 1;
+    }
+  } else if (!pumped) {
+    close(id, !c.closing, pumped.error().message);
+    return 1;
+  }
+  if (c.closing && !c.link.wants_write())
+    close(id, false, {});
+  else
+    epoll_.modify(c.link.fd(), c.link.events(), id);
+  return 1;
+}
+
+void Listener::close(LinkId id, bool report, const std::string& why) {
+  const auto it = conns_.find(id);
+  if (it == conns_.end()) return;
+  epoll_.remove(it->second.link.fd());
+  conns_.erase(it);
+  if (report && hooks_.lost) hooks_.lost(id, why);
+}
+
+void Listener::drop(LinkId link) {
+  close(link, false, {});
+}
+
+void Listener::note_drop(const std::string& why) {
+  ++counters_.dropped;
+  last_drop_ = why;
+}
+
+void Listener::log_now_and_then() {
+  const bool news = counters_.dropped != logged_.dropped || counters_.refused != logged_.refused;
+  if (!news || Clock::now() < next_log_) return;
+  if (counters_.dropped != logged_.dropped)
+    spdlog::warn("transfer listener: closed {} connection(s) that were not kvnode peers (last: {})",
+                 counters_.dropped - logged_.dropped, last_drop_);
+  if (counters_.out_of_descriptors != logged_.out_of_descriptors)
+    spdlog::warn(
+        "transfer listener: out of file descriptors: refused {} connection(s); raise "
+        "the open-files limit (ulimit -n)",
+        counters_.out_of_descriptors - logged_.out_of_descriptors);
+  else if (counters_.refused != logged_.refused)
+    spdlog::warn(
+        "transfer listener: refused {} connection(s): {} were already waiting for "
+        "their hello",
+        counters_.refused - logged_.refused, limits_.max_pending);
+  logged_ = counters_;
+  next_log_ = Clock::now() + limits_.log_interval;
+}
+
+Result<LinkBytes> handshake(const std::string& host, std::uint16_t port,
+                            const LinkBytes& descriptor, Clock::time_point deadline) {
+  const std::string where = "handshake with " + host + ":" + std::to_string(port) + ": ";
+  Result<ControlLink> link = ControlLink::dial(host, port, descriptor);
+  if (!link) return make_error(where + link.error().message);
+  for (;;) {
+    const Status pumped = link->pump();
+    if (std::optional<LinkBytes> answer = link->take_frame()) return std::move(*answer);
+    if (!pumped) return make_error(where + pumped.error().message);
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) return make_error(where + "no answer before the deadline");
+    pollfd p{link->fd(), static_cast<short>(POLLIN | (link->wants_write() ? POLLOUT : 0)), 0};
+    (void)::poll(&p, 1, static_cast<int>(std::min<long long>(left.count(), 100)));
+  }
 }
 
 }  // namespace kvnode::transfer

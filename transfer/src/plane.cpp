@@ -57,24 +57,6 @@ void prefer_port_reuse() { setenv("UCX_TCP_CM_REUSEADDR", "y", /*overwrite=*/0);
 
 namespace {
 
-// An owned file descriptor.
-class Fd {
- public:
-  explicit Fd(int fd = -1) : fd_(fd) {}
-  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Fd& operator=(Fd&& o) noexcept {
-    std::swap(fd_, o.fd_);
-    return *this;
-  }
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
-
 Result<std::pair<std::string, std::uint16_t>> split_url(const std::string& url) {
   const auto colon = url.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == url.size())
@@ -142,7 +124,7 @@ class TransferPlane::Impl {
   void run();
   unsigned drain_commands();
   void start(std::unique_ptr<Xfer> x);
-  unsigned check_dials();
+  unsigned check_links();
   Status dial_peer(Session& s);
   static constexpr int kMaxDials = 3;
   static constexpr auto kRedialPause = std::chrono::milliseconds(20);
@@ -152,11 +134,9 @@ class TransferPlane::Impl {
   void report(std::unique_ptr<Xfer> x);
   void sleep();
   void watch(int fd, bool add);
-  ucx::Bytes answer(const ucx::Bytes& hello, ucp_ep_h control);
-  void lost(ucp_ep_h control);
-  static ucs_status_t on_welcome(void* arg, const void* header, std::size_t header_length,
-                                 void* data, std::size_t length, const ucp_am_recv_param_t* p);
-  static void on_control_error(void* arg, ucp_ep_h ep, ucs_status_t status);
+  ListenerAnswer answer(const ucx::Bytes& hello, LinkId link);
+  void lost(LinkId link, const std::string& why);
+  void welcomed(Session& s, const ucx::Bytes& welcome);
 
   PlaneOptions options_;
   PoolView pool_;
@@ -173,13 +153,13 @@ class TransferPlane::Impl {
   Staging staging_;
   std::optional<ucx::Context> context_;
   std::optional<ucx::Registration> registration_;
-  std::optional<ucx::Worker> worker_;
   std::unique_ptr<Listener> listener_;
-  Fd epoll_;
-  Fd wake_;
+  std::optional<Epoll> links_;  // the initiators' control links
+  UniqueFd epoll_;
+  UniqueFd wake_;
 
   std::map<std::string, std::unique_ptr<Session>> initiators_;  // by peer url
-  std::map<ucp_ep_h, std::unique_ptr<Session>> acceptors_;      // by control endpoint
+  std::map<LinkId, std::unique_ptr<Session>> acceptors_;        // by the listener's link
   std::unordered_map<TransferId, std::string> where_;           // transfer -> peer url
 
   std::mutex commands_mutex_;
@@ -240,9 +220,6 @@ Status TransferPlane::Impl::init() {
   spdlog::info("transfer plane: registered {} pages of {} bytes in {} ms", pool_.pages,
                pool_.page_bytes,
                std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count());
-  Result<ucx::Worker> worker = ucx::Worker::create(*context_);
-  if (!worker) return worker.error();
-  worker_.emplace(std::move(worker).value());
 
   Result<ucx::Bytes> rkey = registration_->packed_rkey();
   if (!rkey) return rkey.error();
@@ -254,27 +231,27 @@ Status TransferPlane::Impl::init() {
   pool_descriptor_.rma = !ring_;
   pool_descriptor_.instance = std::random_device{}() | (std::uint64_t{std::random_device{}()} << 32);
 
-  if (Status s = worker_->set_am_handler(kWelcomeAmId, &Impl::on_welcome, this); !s) return s.error();
-
   ListenerHooks hooks;
-  hooks.answer = [this](const ucx::Bytes& hello, ucp_ep_h control) { return answer(hello, control); };
-  hooks.lost = [this](ucp_ep_h control) { lost(control); };
+  hooks.answer = [this](const ucx::Bytes& hello, LinkId link) { return answer(hello, link); };
+  hooks.lost = [this](LinkId link, const std::string& why) { lost(link, why); };
   Result<std::unique_ptr<Listener>> listener =
-      Listener::bind(*worker_, options_.host, options_.port, std::move(hooks));
+      Listener::bind(options_.host, options_.port, std::move(hooks));
   if (!listener) return listener.error();
   listener_ = std::move(listener).value();
   url_ = (options_.host.find(':') != std::string::npos ? "[" + options_.host + "]" : options_.host) +
          ":" + std::to_string(listener_->port());
   pool_descriptor_.node = url_;
 
-  epoll_ = Fd(epoll_create1(EPOLL_CLOEXEC));
-  wake_ = Fd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  epoll_ = UniqueFd(epoll_create1(EPOLL_CLOEXEC));
+  wake_ = UniqueFd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (epoll_.get() < 0 || wake_.get() < 0)
     return make_error(std::string("transfer plane: epoll/eventfd: ") + std::strerror(errno));
+  Result<Epoll> links = Epoll::create();
+  if (!links) return links.error();
+  links_.emplace(std::move(links).value());
   watch(wake_.get(), true);
-  Result<int> efd = worker_->event_fd();
-  if (!efd) return efd.error();
-  watch(*efd, true);
+  watch(listener_->event_fd(), true);
+  watch(links_->fd(), true);
   thread_ = std::thread([this] { run(); });
   return {};
 }
@@ -332,7 +309,7 @@ void TransferPlane::Impl::run() {
   while (!stopping_) {
     unsigned n = drain_commands();
     n += listener_->progress();
-    n += check_dials();
+    n += check_links();
     n += progress_sessions();
     const auto now = Clock::now();
     expire(now);
@@ -426,54 +403,59 @@ Result<Session*> TransferPlane::Impl::session_for(const std::string& peer) {
 Status TransferPlane::Impl::dial_peer(Session& s) {
   Result<std::pair<std::string, std::uint16_t>> hp = split_url(s.peer());
   if (!hp) return hp.error();
-  if (s.hello_send && !UCS_PTR_IS_ERR(s.hello_send)) ucp_request_free(s.hello_send);
-  s.hello_send = nullptr;
-  if (s.control) ucx::close_forced(*worker_, s.control);
-  s.control = nullptr;
-  Result<Dialed> dialed =
-      dial(*worker_, hp->first, hp->second, s.hello_body, &Impl::on_control_error, &s);
-  if (!dialed) return dialed.error();
-  s.control = dialed->ep;
-  s.hello_send = dialed->send;
+  s.link.reset();  // closing the descriptor takes it out of links_
+  Result<ControlLink> link = ControlLink::dial(hp->first, hp->second, s.hello_body);
+  if (!link) return link.error();
+  s.link.emplace(std::move(link).value());
+  links_->add(s.link->fd(), s.link->events(), 0);
   ++s.dials;
   s.clear_broken();
   return {};
 }
 
-unsigned TransferPlane::Impl::check_dials() {
+// The initiators' control links: hellos out, welcomes in, then liveness. Pumped when any is
+// ready (links_ says which have something, not whose; there are few).
+unsigned TransferPlane::Impl::check_links() {
+  if (initiators_.empty() || links_->ready().empty()) return 0;
   unsigned n = 0;
   for (auto it = initiators_.begin(); it != initiators_.end();) {
     Session& s = *it->second;
-    ++it;  // reset() below erases s
-    if (s.hello_send && !UCS_PTR_IS_ERR(s.hello_send) &&
-        ucp_request_check_status(s.hello_send) != UCS_INPROGRESS) {
-      ucp_request_free(s.hello_send);
-      s.hello_send = nullptr;
-    }
-    if (s.ready() || !s.welcome) continue;
+    ++it;  // welcomed() may reset s
+    if (!s.link || s.broken()) continue;
     ++n;
-    Result<PeerDescriptor> peer = decode_descriptor(*s.welcome);
-    s.welcome.reset();
-    Status connected = peer ? Status{} : Status{peer.error()};
-    if (peer) {
-      const bool same_host = peer->host == pool_descriptor_.host;
-      connected = s.connect(std::move(peer).value(), same_host);
-    }
-    if (!connected) {
-      spdlog::warn("transfer plane: cannot open a session with {}: {}", s.peer(),
-                   connected.error().message);
-      reset(s, Failure::kConnect, 0, "session with " + s.peer() + ": " + connected.error().message);
+    const Status pumped = s.link->pump();
+    if (std::optional<ucx::Bytes> welcome = s.link->take_frame()) {
+      welcomed(s, *welcome);  // read first: a refusal may come just before the link closes
       continue;
     }
-    spdlog::info("transfer plane: session with {} open ({} over {})", s.peer(),
-                 to_string(s.protocol()), s.transport());
-    {
-      std::lock_guard lock(counters_mutex_);
-      ++counters_.sessions_opened;
-    }
-    s.post_waiting();
+    if (!pumped)
+      s.mark_broken("the connection to " + s.peer() + " failed: " + pumped.error().message);
+    else
+      links_->modify(s.link->fd(), s.link->events(), 0);
   }
   return n;
+}
+
+void TransferPlane::Impl::welcomed(Session& s, const ucx::Bytes& welcome) {
+  Result<PeerDescriptor> peer = decode_descriptor(welcome);
+  Status connected = peer ? Status{} : Status{peer.error()};
+  if (peer) {
+    const bool same_host = peer->host == pool_descriptor_.host;
+    connected = s.connect(std::move(peer).value(), same_host);
+  }
+  if (!connected) {
+    spdlog::warn("transfer plane: cannot open a session with {}: {}", s.peer(),
+                 connected.error().message);
+    return reset(s, Failure::kConnect, 0, "session with " + s.peer() + ": " + connected.error().message);
+  }
+  links_->modify(s.link->fd(), s.link->events(), 0);
+  spdlog::info("transfer plane: session with {} open ({} over {})", s.peer(),
+               to_string(s.protocol()), s.transport());
+  {
+    std::lock_guard lock(counters_mutex_);
+    ++counters_.sessions_opened;
+  }
+  s.post_waiting();
 }
 
 unsigned TransferPlane::Impl::progress_sessions() {
@@ -535,18 +517,16 @@ void TransferPlane::Impl::reset(Session& s, Failure failure, TransferId culprit,
   watch(s.event_fd(), false);
   std::unique_ptr<Session> owned;
   if (s.role() == Session::Role::kInitiator) {
-    if (s.hello_send && !UCS_PTR_IS_ERR(s.hello_send)) ucp_request_free(s.hello_send);
-    s.hello_send = nullptr;
-    if (s.control) ucx::close_forced(*worker_, s.control);
+    s.link.reset();  // the peer sees the link end: its acceptor session goes too
     const auto it = initiators_.find(s.peer());
     owned = std::move(it->second);
     initiators_.erase(it);
   } else {
-    const ucp_ep_h control = s.control;
-    const auto it = acceptors_.find(control);
+    const LinkId link = s.link_id;
+    const auto it = acceptors_.find(link);
     owned = std::move(it->second);
     acceptors_.erase(it);
-    listener_->drop(control);
+    listener_->drop(link);
   }
   if (failure != Failure::kCancelled || culprit != 0)
     spdlog::warn("transfer plane: session with {} reset ({}): {}", s.peer(), to_string(failure), why);
@@ -581,7 +561,7 @@ void TransferPlane::Impl::report(std::unique_ptr<Xfer> x) {
 }
 
 void TransferPlane::Impl::sleep() {
-  bool armed = worker_->arm();
+  bool armed = true;
   for (auto& [url, s] : initiators_) armed = s->worker().arm() && armed;
   for (auto& [ep, s] : acceptors_) armed = s->worker().arm() && armed;
   if (!armed) return;
@@ -599,55 +579,33 @@ void TransferPlane::Impl::sleep() {
 
 // ---- Handshakes -------------------------------------------------------------------------------
 
-ucx::Bytes TransferPlane::Impl::answer(const ucx::Bytes& hello, ucp_ep_h control) {
+ListenerAnswer TransferPlane::Impl::answer(const ucx::Bytes& hello, LinkId link) {
   Result<PeerDescriptor> peer = decode_descriptor(hello);
   if (!peer) {
     spdlog::warn("transfer plane: refused a hello: {}", peer.error().message);
-    return encode_refusal(peer.error().message);
+    return {encode_refusal(peer.error().message), false};
   }
-  if (const auto old = acceptors_.find(control); old != acceptors_.end())
-    reset(*old->second, Failure::kReset, 0, "the peer said hello again");
   const std::string name = peer->node.empty() ? "unnamed peer" : peer->node;
   Result<std::unique_ptr<Session>> session =
       Session::create(*context_, Session::Role::kAcceptor, name, pool_, options_.protocol, staging());
-  if (!session) return encode_refusal(session.error().message);
+  if (!session) return {encode_refusal(session.error().message), false};
   const bool same_host = peer->host == pool_descriptor_.host;
   (*session)->set_ask_handler(&ask_handler_);
   if (Status s = (*session)->connect(std::move(peer).value(), same_host); !s) {
     spdlog::warn("transfer plane: refused {}: {}", name, s.error().message);
-    return encode_refusal(s.error().message);
+    return {encode_refusal(s.error().message), false};
   }
-  (*session)->control = control;
+  (*session)->link_id = link;
   watch((*session)->event_fd(), true);
-  const ucx::Bytes out = encode((*session)->local_descriptor(pool_descriptor_));
-  acceptors_[control] = std::move(session).value();
-  return out;
+  ucx::Bytes out = encode((*session)->local_descriptor(pool_descriptor_));
+  acceptors_[link] = std::move(session).value();
+  return {std::move(out), true};
 }
 
-void TransferPlane::Impl::lost(ucp_ep_h control) {
-  const auto it = acceptors_.find(control);
+void TransferPlane::Impl::lost(LinkId link, const std::string& why) {
+  const auto it = acceptors_.find(link);
   if (it == acceptors_.end()) return;
-  it->second->mark_broken("the peer " + it->second->peer() + " went away");
-}
-
-ucs_status_t TransferPlane::Impl::on_welcome(void* arg, const void*, std::size_t, void* data,
-                                             std::size_t length, const ucp_am_recv_param_t* p) {
-  auto* self = static_cast<Impl*>(arg);
-  if (!(p->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return UCS_OK;
-  for (auto& [url, s] : self->initiators_) {
-    if (s->control != p->reply_ep || s->ready()) continue;
-    if (p->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)
-      s->mark_broken("the peer's answer is too large to be a descriptor");
-    else
-      s->welcome = ucx::Bytes(static_cast<const std::byte*>(data),
-                              static_cast<const std::byte*>(data) + length);
-  }
-  return UCS_OK;
-}
-
-void TransferPlane::Impl::on_control_error(void* arg, ucp_ep_h, ucs_status_t status) {
-  static_cast<Session*>(arg)->mark_broken(std::string("the connection to the peer failed: ") +
-                                          ucs_status_string(status));
+  it->second->mark_broken("the peer " + it->second->peer() + " went away (" + why + ")");
 }
 
 // ---- Facade -----------------------------------------------------------------------------------

@@ -84,7 +84,8 @@ Status Session::install_handlers() {
       {wire::kPullRequest, &Session::on_pull_request}, {wire::kPullData, &Session::on_pull_data},
       {wire::kPullReject, &Session::on_run_answer},    {wire::kPushData, &Session::on_push_data},
       {wire::kPushAck, &Session::on_run_answer},       {wire::kWritten, &Session::on_written},
-      {wire::kAsk, &Session::on_ask},                  {wire::kAnswer, &Session::on_answer}};
+      {wire::kRead, &Session::on_read},                {wire::kAsk, &Session::on_ask},
+      {wire::kAnswer, &Session::on_answer}};
   for (const auto& [id, cb] : handlers)
     if (Status s = worker_.set_am_handler(id, cb, this); !s) return s;
   return {};
@@ -319,6 +320,8 @@ void Session::completed(Op& op, ucs_status_t st) {
         x->finish_run(op.run);
       else
         x->fail_run(op.run, Failure::kPeerLost, status_text("reading from the peer", st));
+      // A one-sided get never reaches the peer's plane: tell it what was read (its counters).
+      if (op.kind == OpKind::kGet && x->finished()) notify(wire::kRead, *x);
       break;
     case OpKind::kPut:
     case OpKind::kPushSend:
@@ -331,22 +334,8 @@ void Session::completed(Op& op, ucs_status_t st) {
         break;
       }
       // Tell the peer which pages now hold our bytes (its node marks them present).
-      std::vector<wire::RunRequest> done;
-      for (std::uint32_t r = 0; r < x->run_state.size(); ++r) {
-        if (x->run_state[r] != 0) continue;
-        x->finish_run(r);
-        done.push_back({r, x->plan.runs[r].remote, x->plan.runs[r].count});
-      }
-      for (std::size_t start = 0; start < done.size(); start += wire::kMaxRunsPerMessage) {
-        const std::size_t n = std::min<std::size_t>(wire::kMaxRunsPerMessage, done.size() - start);
-        Op& note = ops_.emplace_back(Op(OpKind::kNotify, 0, 0));
-        note.pull = wire::PullRequest{x->id, static_cast<std::uint32_t>(n)};
-        note.runs.assign(done.begin() + static_cast<std::ptrdiff_t>(start),
-                         done.begin() + static_cast<std::ptrdiff_t>(start + n));
-        ucp_request_param_t param{};
-        settle(ucp_am_send_nbx(endpoint_->get(), wire::kWritten, &note.pull, sizeof(note.pull),
-                               note.runs.data(), note.runs.size() * sizeof(wire::RunRequest), &param));
-      }
+      for (std::uint32_t r = 0; r < x->run_state.size(); ++r) x->finish_run(r);
+      notify(wire::kWritten, *x);
       break;
     }
     case OpKind::kPullRequest:
@@ -697,32 +686,6 @@ ucs_status_t Session::on_push_data(void* arg, const void* header, std::size_t he
   Deferred d(OpKind::kAck);
   d.run = wire::RunHeader{h->transfer, t.run, wire::kOk};
   s->deferred_.push_back(std::move(d));
-  return UCS_OK;
-}
-
-ucs_status_t Session::on_written(void* arg, const void* header, std::size_t header_length,
-                                 void* data, std::size_t length, const ucp_am_recv_param_t* p) {
-  auto* s = static_cast<Session*>(arg);
-  const auto h = wire::read<wire::PullRequest>(header, header_length);
-  if (!h || rendezvous(p) || h->count > wire::kMaxRunsPerMessage ||
-      length != h->count * sizeof(wire::RunRequest)) {
-    ++s->serve_.rejected;
-    return UCS_OK;
-  }
-  std::vector<wire::RunRequest> runs(h->count);
-  std::memcpy(runs.data(), data, length);
-  std::vector<gpu::PageId> pages;
-  for (const wire::RunRequest& r : runs) {
-    if (r.count == 0 || r.first >= s->pool_.pages || r.count > s->pool_.pages - r.first) {
-      ++s->serve_.rejected;
-      spdlog::warn("write notice from {} names pages {}+{} outside the pool; ignored", s->peer_,
-                   r.first, r.count);
-      continue;
-    }
-    for (std::uint32_t i = 0; i < r.count; ++i) pages.push_back(r.first + i);
-    s->serve_.bytes += s->span_bytes(r.count);
-  }
-  if (!pages.empty()) s->written_.push_back(std::move(pages));
   return UCS_OK;
 }
 

@@ -20,7 +20,9 @@
 #include <vector>
 
 #include "kvnode/gpu/copy_engine.hpp"
+#include "kvnode/transfer/control_link.hpp"
 #include "kvnode/transfer/descriptor.hpp"
+#include "kvnode/transfer/listener.hpp"
 #include "kvnode/transfer/plane.hpp"
 #include "kvnode/transfer/ucx_handles.hpp"
 #include "runs.hpp"
@@ -65,6 +67,7 @@ struct Xfer {
   Plan plan;
   std::vector<std::uint8_t> run_state;  // 0 open, 1 done, 2 failed
   std::uint32_t open_runs = 0;
+  bool notified = false;  // the peer was told what RMA did to its pages
   Failure failure = Failure::kNone;
   std::string message;
   TransferStats stats;
@@ -136,12 +139,12 @@ class Session {
   const std::string& broken_reason() const { return broken_reason_; }
   ServeCounters& serve_counters() { return serve_; }
 
-  // The initiator's tcp control endpoint (closed by the plane) and its hello send.
-  ucp_ep_h control = nullptr;
-  ucs_status_ptr_t hello_send = nullptr;
+  // Initiator: the control link it dialed (hello, welcome, then liveness) and the hello it sends.
+  std::optional<ControlLink> link;
   ucx::Bytes hello_body;
-  std::optional<ucx::Bytes> welcome;  // the answer, once it came
   int dials = 0;
+  // Acceptor: the listener's link it came on.
+  LinkId link_id = 0;
 
  private:
   enum class OpKind { kGet, kPut, kFlush, kPullRequest, kPushSend, kServeSend, kServeRecv, kAck,
@@ -234,6 +237,12 @@ class Session {
                                    void* data, std::size_t length, const ucp_am_recv_param_t* p);
   static ucs_status_t on_written(void* arg, const void* header, std::size_t header_length,
                                  void* data, std::size_t length, const ucp_am_recv_param_t* p);
+  static ucs_status_t on_read(void* arg, const void* header, std::size_t header_length,
+                              void* data, std::size_t length, const ucp_am_recv_param_t* p);
+  // After RMA: tells the peer which of its pages x wrote (kWritten) or read (kRead).
+  void notify(unsigned am_id, Xfer& x);
+  ucs_status_t noticed(bool written, const void* header, std::size_t header_length, const void* data,
+                       std::size_t length, const ucp_am_recv_param_t* p);
   static ucs_status_t on_ask(void* arg, const void* header, std::size_t header_length, void* data,
                              std::size_t length, const ucp_am_recv_param_t* p);
   static ucs_status_t on_answer(void* arg, const void* header, std::size_t header_length,

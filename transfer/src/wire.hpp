@@ -12,7 +12,7 @@ namespace kvnode::transfer::wire {
 
 static_assert(std::endian::native == std::endian::little, "headers are sent as little-endian");
 
-// Ids 7 and 8 are the listener's hello and welcome (listener.cpp).
+// (The hello and welcome go over the control link, not as active messages: control_link.hpp.)
 enum AmId : unsigned {
   kPullRequest = 10,  // initiator -> server: runs to send back; data: RunRequest[count]
   kPullData = 11,     // server -> initiator: one run's bytes
@@ -22,6 +22,7 @@ enum AmId : unsigned {
   kWritten = 15,      // initiator -> server after an RMA push and flush; data: RunRequest[count]
   kAsk = 16,          // a small request for the peer's node (reserve pages, commit, release)
   kAnswer = 17,       // its answer
+  kRead = 18,         // initiator -> server after an RMA pull (get); data: RunRequest[count]
 };
 
 // Asks and answers are small and go eagerly; larger ones are refused before they are sent.

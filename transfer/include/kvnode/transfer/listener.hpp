@@ -1,96 +1,116 @@
 // The first contact between two nodes. A node's Listener is bound at its peer_init_url
 // (host:port, what it registers with the controller); a peer dials there with its own
-// descriptor (hello) and gets an answer (welcome). Descriptors are opaque bytes here (the plane
-// puts the worker address, pool rkey and page geometry in them). The sockaddr endpoint this runs
-// over is tcp-only in UCX 1.13, so the data path then connects to the worker address it learned;
-// the plane keeps the tcp endpoint open as the session's liveness channel, since it reports a
-// dead peer at once whatever transport the data path uses.
-// The Listener's worker is progressed by its owner thread, through progress().
+// descriptor (hello) and gets an answer (welcome), each one frame on a ControlLink. Descriptors
+// are opaque bytes here (the plane puts the worker address, pool rkey and page geometry in
+// them); the data path then connects to the worker address each side learned, and the link
+// stays open as the session's liveness channel.
+//
+// Hostile or broken clients cost little and nothing lasts: a connection that does not start
+// with a frame header is closed at once, one that sends no whole hello within hello_timeout is
+// closed, at most max_pending wait for their hello at a time (more are accepted and closed),
+// and when the process is out of descriptors the listener accepts-and-closes through a reserve
+// descriptor (or pauses accepting) instead of spinning, logging once per log_interval.
+// Progressed by its owner thread, through progress(); event_fd() is readable when it has work.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
-#include <vector>
 
-#include "kvnode/transfer/ucx_handles.hpp"
+#include "kvnode/transfer/control_link.hpp"
 
 namespace kvnode::transfer {
 
-inline constexpr unsigned kHelloAmId = 7;    // a peer's descriptor
-inline constexpr unsigned kWelcomeAmId = 8;  // the answer, sent with a reply endpoint
+using LinkId = std::uint64_t;
+
+struct ListenerAnswer {
+  LinkBytes body;
+  bool keep = true;  // false: a refusal; the link is closed once it is sent
+};
 
 struct ListenerHooks {
-  // The answer to a peer's hello; `control` is the endpoint it came on, open until drop().
-  std::function<ucx::Bytes(const ucx::Bytes& hello, ucp_ep_h control)> answer;
-  // An accepted endpoint failed (the peer is gone); the listener closes it after this returns.
-  std::function<void(ucp_ep_h control)> lost;
+  // The answer to a peer's hello on link `link`, open until drop() or lost().
+  std::function<ListenerAnswer(const LinkBytes& hello, LinkId link)> answer;
+  // An answered link ended (the peer is gone, or broke the protocol); the listener has closed it.
+  std::function<void(LinkId link, const std::string& why)> lost;
+};
+
+struct ListenerLimits {
+  std::size_t max_pending = 64;  // connections waiting for their hello; at most 1/4 of ulimit -n
+  std::chrono::milliseconds hello_timeout{5000};
+  std::chrono::milliseconds log_interval{10'000};  // refusals and drops are logged this often
+  std::chrono::milliseconds accept_pause{100};     // out of descriptors, without a reserve
+};
+
+struct ListenerCounters {
+  std::uint64_t accepted = 0;
+  std::uint64_t handshakes = 0;
+  std::uint64_t dropped = 0;  // closed before a valid hello: junk, too slow, closed early
+  std::uint64_t refused = 0;  // closed at accept: too many pending, or out of descriptors
+  std::uint64_t out_of_descriptors = 0;  // of those, refused for want of a descriptor
 };
 
 class Listener {
  public:
   // port 0 picks a free one (see port()).
-  static Result<std::unique_ptr<Listener>> bind(const ucx::Worker& worker, const std::string& host,
-                                                std::uint16_t port, ListenerHooks hooks);
+  static Result<std::unique_ptr<Listener>> bind(const std::string& host, std::uint16_t port,
+                                                ListenerHooks hooks, ListenerLimits limits = {});
   // Answers every hello with the same descriptor.
-  static Result<std::unique_ptr<Listener>> bind(const ucx::Worker& worker, const std::string& host,
-                                                std::uint16_t port, ucx::Bytes descriptor);
-  ~Listener();
+  static Result<std::unique_ptr<Listener>> bind(const std::string& host, std::uint16_t port,
+                                                LinkBytes descriptor);
   Listener(const Listener&) = delete;
   Listener& operator=(const Listener&) = delete;
+  ~Listener();
 
   std::uint16_t port() const { return port_; }
-  // Progresses the worker and sends the replies its callbacks queued; returns events handled.
+  int event_fd() const { return epoll_.fd(); }
+  // Accepts, reads hellos, answers, notices lost links; returns events handled.
   unsigned progress();
-  std::size_t handshakes() const { return handshakes_; }
-  // Closes one accepted endpoint (the plane ended that peer's session).
-  void drop(ucp_ep_h control);
+  std::size_t handshakes() const { return counters_.handshakes; }
+  const ListenerCounters& counters() const { return counters_; }
+  // Closes one answered link (the plane ended that peer's session).
+  void drop(LinkId link);
 
  private:
-  struct Hello {
-    ucp_ep_h ep;
-    ucx::Bytes body;
+  struct Conn {
+    ControlLink link;
+    std::chrono::steady_clock::time_point deadline;  // for the hello
+    bool answered = false;
+    bool closing = false;  // a refusal: closed once sent
   };
-  Listener(const ucx::Worker& worker, ListenerHooks hooks)
-      : worker_(worker), hooks_(std::move(hooks)) {}
-  static void on_connection(ucp_conn_request_h request, void* arg);
-  static void on_error(void* arg, ucp_ep_h ep, ucs_status_t status);
-  static ucs_status_t on_hello(void* arg, const void* header, std::size_t header_length,
-                               void* data, std::size_t length, const ucp_am_recv_param_t* param);
+  Listener(Epoll epoll, UniqueFd socket, ListenerHooks hooks, ListenerLimits limits);
+  unsigned accept_all();
+  bool out_of_descriptors();  // true: stop accepting for now (none waits, or paused)
+  unsigned serve(LinkId id);
+  void close(LinkId id, bool report, const std::string& why);
+  void note_drop(const std::string& why);
+  void log_now_and_then();
+  std::size_t pending() const;
 
-  const ucx::Worker& worker_;
+  Epoll epoll_;
+  UniqueFd socket_;
+  UniqueFd reserve_;  // closed to accept-and-close one connection when out of descriptors
   ListenerHooks hooks_;
-  ucp_listener_h listener_ = nullptr;
+  ListenerLimits limits_;
   std::uint16_t port_ = 0;
-  std::vector<ucp_ep_h> accepted_;   // closed (forced) with the listener
-  std::deque<Hello> hellos_;         // waiting for an answer
-  std::deque<ucp_ep_h> lost_;        // failed, to report and close outside UCX's callback
-  struct Send {
-    ucs_status_ptr_t request;
-    std::unique_ptr<ucx::Bytes> body;
-  };
-  std::vector<Send> sends_;
-  std::size_t handshakes_ = 0;
+  std::map<LinkId, Conn> conns_;
+  LinkId next_id_ = 1;
+  bool paused_ = false;
+  std::chrono::steady_clock::time_point resume_at_;
+  ListenerCounters counters_;
+  ListenerCounters logged_;  // what the last log line covered
+  std::chrono::steady_clock::time_point next_log_;
+  std::string last_drop_;
 };
 
-// The dialing side, asynchronous: opens the tcp control endpoint to host:port and sends `hello`
-// with a reply endpoint. The answer arrives as kWelcomeAmId on `worker`, with reply_ep equal to
-// `ep`. `on_error` is the endpoint's error handler. The caller owns ep and the send request,
-// and keeps `hello` alive until the send completes.
-struct Dialed {
-  ucp_ep_h ep = nullptr;
-  ucs_status_ptr_t send = nullptr;
-};
-Result<Dialed> dial(const ucx::Worker& worker, const std::string& host, std::uint16_t port,
-                    const ucx::Bytes& hello, ucp_err_handler_cb_t on_error, void* arg);
-
-// Connects to host:port, sends `descriptor`, returns the listener's. The worker is progressed
-// here until the reply comes or the deadline passes.
-Result<ucx::Bytes> handshake(const ucx::Worker& worker, const std::string& host, std::uint16_t port,
-                             const ucx::Bytes& descriptor,
-                             std::chrono::steady_clock::time_point deadline);
+// Connects to host:port, sends `descriptor`, returns the listener's answer (blocking, until the
+// deadline).
+Result<LinkBytes> handshake(const std::string& host, std::uint16_t port,
+                            const LinkBytes& descriptor,
+                            std::chrono::steady_clock::time_point deadline);
 
 }  // namespace kvnode::transfer
