@@ -2,16 +2,12 @@
 
 #include <httplib.h>
 
-#include <atomic>
 #include <charconv>
-#include <chrono>
 #include <functional>
-#include <thread>
 
 #include "http_json.hpp"
 #include "kvnode/wire/json.hpp"
 #include "orch_uuid.hpp"
-#include "thread_name.hpp"
 
 namespace kvnode::controller {
 
@@ -19,13 +15,7 @@ namespace {
 
 using http::Json;
 
-// Bounds that keep one client from tying up the server (with HttpApi::kHandlerThreads): the
-// largest body (a 128k-token lookup is about 1 MB of JSON) and how long a slow client may take
-// to send or read.
-constexpr std::size_t kMaxBodyBytes = 64u << 20;
-constexpr time_t kIoTimeoutSeconds = 10;
-constexpr time_t kKeepAliveSeconds = 2;  // also bounds how long stop() waits for idle clients
-constexpr auto kStartTimeout = std::chrono::seconds(5);
+constexpr std::size_t kMiB = std::size_t{1} << 20;
 
 struct Reply {
   int status = 200;
@@ -63,8 +53,6 @@ std::string_view reason_of(int status) {
       return "Not Found";
     case 405:
       return "Method Not Allowed";
-    case 413:
-      return "Request body too large (limit 64 MiB)";
     case 414:
       return "URI Too Long";
     case 500:
@@ -81,11 +69,10 @@ struct HttpApi::Impl {
   const Guarded<Registry>& registry;
   Metrics& metrics;
   Uuid4Generator uuids;
-  httplib::Server server;
-  std::thread thread;
-  std::atomic<bool> listen_returned{false};
+  httpd::Server server;
 
-  Impl(Orchestrator& o, const Guarded<Registry>& r, Metrics& m) : orch(o), registry(r), metrics(m) {
+  Impl(Orchestrator& o, const Guarded<Registry>& r, Metrics& m, httpd::Limits limits)
+      : orch(o), registry(r), metrics(m), server("kvc/http", limits) {
     configure();
     routes();
   }
@@ -94,24 +81,24 @@ struct HttpApi::Impl {
   Reply call(const wire::Msg& msg) { return from_orch(orch.handle(msg)); }
 
   void configure() {
-    // httplib takes ownership of the queue it gets from this factory.
-    server.new_task_queue = [] { return new httplib::ThreadPool(HttpApi::kHandlerThreads); };
-    server.set_payload_max_length(kMaxBodyBytes);
-    server.set_read_timeout(kIoTimeoutSeconds, 0);
-    server.set_write_timeout(kIoTimeoutSeconds, 0);
-    server.set_keep_alive_timeout(kKeepAliveSeconds);
-    server.set_logger([this](const httplib::Request&, const httplib::Response&) {
+    httplib::Server& raw = server.raw();
+    raw.set_logger([this](const httplib::Request&, const httplib::Response&) {
       metrics.http_requests.fetch_add(1, std::memory_order_relaxed);
     });
     // Runs for every status >= 400, ours included: fill in only bodies nobody wrote (no route,
     // payload too large, ...), so every error is {"detail": ...} as FastAPI answers.
-    server.set_error_handler(
-        httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
+    const std::size_t body_limit = server.limits().max_body_bytes;
+    raw.set_error_handler(httplib::Server::HandlerWithResponse(
+        [body_limit](const httplib::Request&, httplib::Response& res) {
           if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-          res.set_content(http::detail(reason_of(res.status)), "application/json");
+          const std::string text =
+              res.status == 413
+                  ? "Request body too large (limit " + std::to_string(body_limit / kMiB) + " MiB)"
+                  : std::string(reason_of(res.status));
+          res.set_content(http::detail(text), "application/json");
           return httplib::Server::HandlerResponse::Handled;
         }));
-    server.set_exception_handler(
+    raw.set_exception_handler(
         [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
           std::string what = "internal error";
           try {
@@ -131,17 +118,14 @@ struct HttpApi::Impl {
   }
 
   void post(const std::string& path, std::function<Reply(const http::Body&)> handler) {
-    server.Post(path, [handler](const httplib::Request& req, httplib::Response& res) {
+    server.post(path, [handler](const httplib::Request& req, httplib::Response& res) {
       auto body = http::parse_object(req.body);
       send(res, body ? handler(*body) : fail(400, body.error().message));
-    });
-    server.Get(path, [](const httplib::Request&, httplib::Response& res) {
-      send(res, fail(405, "Method Not Allowed"));
     });
   }
 
   void get(const std::string& path, std::function<Reply(const httplib::Request&)> handler) {
-    server.Get(path, [handler](const httplib::Request& req, httplib::Response& res) {
+    server.get(path, [handler](const httplib::Request& req, httplib::Response& res) {
       send(res, handler(req));
     });
   }
@@ -306,54 +290,21 @@ Reply HttpApi::Impl::prometheus() {
   return Reply{200, render_prometheus(metrics, stats), "text/plain; version=0.0.4; charset=utf-8"};
 }
 
-HttpApi::HttpApi(Orchestrator& orchestrator, const Guarded<Registry>& registry, Metrics& metrics)
-    : impl_(std::make_unique<Impl>(orchestrator, registry, metrics)) {}
+HttpApi::HttpApi(Orchestrator& orchestrator, const Guarded<Registry>& registry, Metrics& metrics,
+                 httpd::Limits limits)
+    : impl_(std::make_unique<Impl>(orchestrator, registry, metrics, limits)) {}
 
 HttpApi::~HttpApi() {
   stop();
 }
 
 Result<int> HttpApi::start(const std::string& host, int port) {
-  Impl& s = *impl_;
-  if (s.thread.joinable()) return Error{"HTTP API already started"};
-  int bound = -1;
-  if (port == 0) {
-    bound = s.server.bind_to_any_port(host);
-  } else if (s.server.bind_to_port(host, port)) {
-    bound = port;
-  }
-  if (bound < 0)
-    return Error{"cannot bind the HTTP API to " + host + ":" + std::to_string(port) +
-                 " (address in use or not local?)"};
-  s.listen_returned = false;
-  s.thread = std::thread([&s] {
-    name_this_thread("kvc/http");  // and the request pool it starts
-    s.server.listen_after_bind();
-    s.listen_returned = true;
-  });
-  // httplib's stop() does nothing until the listen loop has started; wait for it so a stop()
-  // right after start() cannot leave the thread listening forever.
-  const auto give_up = std::chrono::steady_clock::now() + kStartTimeout;
-  while (!s.server.is_running() && !s.listen_returned && std::chrono::steady_clock::now() < give_up)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  if (!s.server.is_running()) {
-    stop();
-    return Error{"the HTTP API did not start listening on " + host + ":" + std::to_string(bound)};
-  }
-  return bound;
+  return impl_->server.start(host, port);
 }
 
+// Handlers finish their current request (a fan-out waits at most its deadline) first.
 void HttpApi::stop() {
-  Impl& s = *impl_;
-  if (!s.thread.joinable()) return;
-  // Handlers finish their current request (a fan-out waits at most its deadline) before the
-  // thread pool joins.
-  // httplib's stop() must run once, after the listen loop started (start() waited for that);
-  // a second call while the pool drains would trip its assertion.
-  while (!s.server.is_running() && !s.listen_returned)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  if (!s.listen_returned) s.server.stop();
-  s.thread.join();
+  impl_->server.stop();
 }
 
 }  // namespace kvnode::controller

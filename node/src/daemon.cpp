@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "kvnode/agent/worker_agent.hpp"
+#include "kvnode/httpd/server.hpp"
 #include "kvnode/node/local_service.hpp"
 #include "kvnode/node/peer_moves.hpp"
 #include "instance_lock.hpp"
@@ -28,15 +29,20 @@ struct Daemon::Parts {
   std::unique_ptr<transfer::TransferPlane> plane;
   std::unique_ptr<agent::WorkerAgent> agent;
   std::unique_ptr<LocalService> local;
-  httplib::Server http;
-  std::thread http_thread;
+  // /health, /ready and /metrics: a probe must be answered whatever other clients hold open.
+  std::optional<httpd::Server> http;
   int http_port = -1;
 
+  static httpd::Limits http_limits(const NodeConfig& c) {
+    httpd::Limits l;
+    l.max_connections = static_cast<std::size_t>(c.http_max_connections);
+    l.handler_threads = 4;        // the handlers only read counters
+    l.max_body_bytes = 64 << 10;  // nothing takes a body
+    return l;
+  }
+
   ~Parts() {
-    if (http_thread.joinable()) {
-      http.stop();
-      http_thread.join();
-    }
+    if (http) http->stop();
     local.reset();  // aborts clients' unfinished writes
     agent_ptr = nullptr;
     agent.reset();  // flushes events, de-registers
@@ -226,22 +232,21 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const NodeConfig& c) {
   if (c.http_port >= 0) {
     // Liveness: 200 while the process serves. Readiness (/ready): 503 until the controller
     // answered a registration, so traffic waits for a node the cluster can find.
-    p->http.Get("/health", [raw](const httplib::Request&, httplib::Response& res) {
+    p->http.emplace("kvn/http", Parts::http_limits(c));
+    p->http->get("/health", [raw](const httplib::Request&, httplib::Response& res) {
       res.status = 200;
       res.set_content(health_json(*raw, false), "application/json");
     });
-    p->http.Get("/ready", [raw](const httplib::Request&, httplib::Response& res) {
+    p->http->get("/ready", [raw](const httplib::Request&, httplib::Response& res) {
       res.status = raw->agent->registered() ? 200 : 503;
       res.set_content(health_json(*raw, true), "application/json");
     });
-    p->http.Get("/metrics", [raw](const httplib::Request&, httplib::Response& res) {
+    p->http->get("/metrics", [raw](const httplib::Request&, httplib::Response& res) {
       res.set_content(metrics_text(*raw), "text/plain; version=0.0.4; charset=utf-8");
     });
-    p->http_port = c.http_port == 0 ? p->http.bind_to_any_port(c.http_host)
-                                    : (p->http.bind_to_port(c.http_host, c.http_port) ? c.http_port : -1);
-    if (p->http_port < 0)
-      return make_error("cannot listen for HTTP at " + c.http_host + ":" + std::to_string(c.http_port));
-    p->http_thread = std::thread([raw] { raw->http.listen_after_bind(); });
+    Result<int> port = p->http->start(c.http_host, c.http_port);
+    if (!port) return port.error();
+    p->http_port = *port;
   }
   return std::unique_ptr<Daemon>(new Daemon(std::move(p)));
 }

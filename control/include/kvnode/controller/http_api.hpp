@@ -2,7 +2,8 @@
 // map JSON bodies to orchestrator messages (event_id = prefix + uuid4, as LMCache does) and back;
 // GET /controller/workers, /controller/key-stats and /metrics read the registry. Errors are
 // {"detail": "..."} with 400 for bad input, 404 for an unknown instance, 500 for worker failures
-// and 504 for a missed deadline.
+// and 504 for a missed deadline; 405 for a known path asked with another method, 413 and 503
+// for a body over its limit or the in-flight budget (kvnode::httpd::Server's limits).
 #pragma once
 
 #include <cstddef>
@@ -14,15 +15,24 @@
 #include "kvnode/controller/metrics.hpp"
 #include "kvnode/controller/orchestrator.hpp"
 #include "kvnode/controller/registry.hpp"
+#include "kvnode/httpd/server.hpp"
 
 namespace kvnode::controller {
 
 class HttpApi {
  public:
-  // Requests served at once: a fan-out blocks its handler thread for up to its deadline.
-  static constexpr std::size_t kHandlerThreads = 8;
+  // Requests served at once: a fan-out blocks its handler thread for up to its deadline. Idle
+  // connections take none (kvnode::httpd::Server).
+  static constexpr std::size_t kHandlerThreads = 16;
 
-  HttpApi(Orchestrator& orchestrator, const Guarded<Registry>& registry, Metrics& metrics);
+  static httpd::Limits default_limits() {
+    httpd::Limits l;
+    l.handler_threads = kHandlerThreads;
+    return l;
+  }
+
+  HttpApi(Orchestrator& orchestrator, const Guarded<Registry>& registry, Metrics& metrics,
+          httpd::Limits limits = default_limits());
   ~HttpApi();  // stops the server
 
   // Binds (port 0 = ephemeral) and serves on a background thread; returns the bound port.

@@ -35,6 +35,7 @@ struct NodeConfig {
   std::string advertise_ip = "127.0.0.1";  // where the controller reaches the REP port
   int http_port = 0;                       // /metrics and /health; 0: a free port; < 0: off
   std::string http_host = "127.0.0.1";
+  int http_max_connections = 4096;         // open at once; beyond: 503 and closed
   std::optional<std::string> ucx_tls;      // else UCX_TLS from the environment, else UCX's choice
   std::optional<std::string> ucx_net_devices;
   std::string log_level = "info";

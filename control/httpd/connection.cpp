@@ -1,0 +1,125 @@
+#include "connection.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+namespace kvnode::httpd {
+namespace {
+
+void address_of(const sockaddr_storage& a, std::string& ip, int& port) {
+  char text[INET6_ADDRSTRLEN] = {};
+  if (a.ss_family == AF_INET) {
+    const auto& v4 = reinterpret_cast<const sockaddr_in&>(a);
+    ::inet_ntop(AF_INET, &v4.sin_addr, text, sizeof(text));
+    port = ntohs(v4.sin_port);
+  } else if (a.ss_family == AF_INET6) {
+    const auto& v6 = reinterpret_cast<const sockaddr_in6&>(a);
+    ::inet_ntop(AF_INET6, &v6.sin6_addr, text, sizeof(text));
+    port = ntohs(v6.sin6_port);
+  }
+  ip = text;
+}
+
+}  // namespace
+
+UniqueFd::~UniqueFd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+UniqueFd::UniqueFd(UniqueFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+UniqueFd& UniqueFd::operator=(UniqueFd&& other) noexcept {
+  std::swap(fd_, other.fd_);
+  return *this;
+}
+
+Connection::Connection(UniqueFd socket, std::uint64_t connection_id)
+    : fd(std::move(socket)), id(connection_id) {
+  sockaddr_storage a{};
+  socklen_t len = sizeof(a);
+  if (::getpeername(fd.get(), reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    address_of(a, remote_ip, remote_port);
+  len = sizeof(a);
+  if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    address_of(a, local_ip, local_port);
+}
+
+bool ConnectionStream::wait(short events) const {
+  const auto limit = std::min(c_.deadline, Clock::now() + io_timeout_);
+  for (;;) {
+    const auto now = Clock::now();
+    if (now >= limit) {
+      c_.timed_out = true;
+      return false;
+    }
+    pollfd p{c_.fd.get(), events, 0};
+    const auto ms = std::chrono::ceil<std::chrono::milliseconds>(limit - now).count();
+    const int n = ::poll(&p, 1, static_cast<int>(ms));
+    if (n > 0) return true;
+    if (n < 0 && errno != EINTR) return false;
+  }
+}
+
+bool ConnectionStream::is_readable() const {
+  return c_.buffered() || wait(POLLIN);
+}
+
+bool ConnectionStream::is_writable() const {
+  return wait(POLLOUT);
+}
+
+ssize_t ConnectionStream::read(char* ptr, size_t size) {
+  if (size == 0) return 0;
+  if (!c_.buffered()) {
+    // A large read goes straight into the caller's buffer; a small one (a header byte) refills
+    // ours.
+    const bool direct = size >= c_.buffer.size();
+    for (;;) {
+      const ssize_t n = direct
+                            ? ::recv(c_.fd.get(), ptr, size, MSG_DONTWAIT)
+                            : ::recv(c_.fd.get(), c_.buffer.data(), c_.buffer.size(), MSG_DONTWAIT);
+      if (n > 0) {
+        if (direct) return n;
+        c_.begin = 0;
+        c_.end = static_cast<std::size_t>(n);
+        break;
+      }
+      if (n == 0) return 0;
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) return -1;
+      if (!wait(POLLIN)) return -1;
+    }
+  }
+  const std::size_t n = std::min(size, c_.end - c_.begin);
+  std::memcpy(ptr, c_.buffer.data() + c_.begin, n);
+  c_.begin += n;
+  return static_cast<ssize_t>(n);
+}
+
+ssize_t ConnectionStream::write(const char* ptr, size_t size) {
+  for (;;) {
+    const ssize_t n = ::send(c_.fd.get(), ptr, size, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n >= 0) return n;
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return -1;
+    if (!wait(POLLOUT)) return -1;
+  }
+}
+
+void ConnectionStream::get_remote_ip_and_port(std::string& ip, int& port) const {
+  ip = c_.remote_ip;
+  port = c_.remote_port;
+}
+
+void ConnectionStream::get_local_ip_and_port(std::string& ip, int& port) const {
+  ip = c_.local_ip;
+  port = c_.local_port;
+}
+
+}  // namespace kvnode::httpd

@@ -1,0 +1,388 @@
+// kvnode::httpd::Server: httplib parses and answers one request at a time on our connections
+// (through its protected process_request); the accept loop, idle connections and limits are
+// here. Thread model: one poller (accepts, holds idle connections in epoll, closes those idle too
+// long) and a fixed pool of handler threads, each serving one request of a connection that has
+// bytes to read and then handing the connection back to the poller.
+#include "kvnode/httpd/server.hpp"
+
+#include <fcntl.h>
+#include <httplib.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <spdlog/spdlog.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "connection.hpp"
+#include "port_holder.hpp"
+#include "request_gate.hpp"
+
+namespace kvnode::httpd {
+namespace {
+
+constexpr std::uint64_t kListenerId = 0;  // epoll ids; connections count from kFirstConnectionId
+constexpr std::uint64_t kWakeId = 1;
+constexpr std::uint64_t kFirstConnectionId = 2;
+constexpr int kBacklog = 1024;  // httplib listens with 5: a burst of connects would be dropped
+constexpr auto kSweepPeriod = std::chrono::milliseconds(200);        // idle-timeout resolution
+constexpr auto kAcceptPause = std::chrono::milliseconds(100);        // after EMFILE
+constexpr auto kDescriptorWarningPeriod = std::chrono::seconds(10);  // one log line per period
+constexpr std::size_t kDrainChunk = 64 << 10;
+constexpr std::size_t kDescriptorReserve = 64;  // descriptors left for everything but HTTP
+
+// Raises the soft descriptor limit to the hard one: each connection is a descriptor, and the
+// default soft limit (1024) is below a thousand idle clients plus the daemon's own.
+rlim_t raise_descriptor_limit() {
+  rlimit r{};
+  if (::getrlimit(RLIMIT_NOFILE, &r) != 0) return 0;
+  if (r.rlim_cur < r.rlim_max) {
+    rlimit raised = r;
+    raised.rlim_cur = r.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) return raised.rlim_cur;
+  }
+  return r.rlim_cur;
+}
+
+void name_thread(const std::string& name) {
+  ::pthread_setname_np(::pthread_self(), name.substr(0, 15).c_str());
+}
+
+std::string too_many_connections(std::size_t limit) {
+  const std::string body =
+      R"j({"detail":"too many connections (limit )j" + std::to_string(limit) + R"j()"})j";
+  return "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: " +
+         std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+}
+
+}  // namespace
+
+struct Server::Impl {
+  std::string name;
+  Limits limits;
+  Engine engine;
+  RequestGate gate;
+  std::string refusal;  // the canned 503 for connections over the cap
+
+  UniqueFd epoll;
+  UniqueFd wake;
+  std::thread poller;
+  std::vector<std::thread> handlers;
+  std::atomic<bool> stopping{false};
+
+  mutable std::mutex mutex;  // connections, ready, next_id
+  std::condition_variable ready_cv;
+  std::unordered_map<std::uint64_t, std::unique_ptr<Connection>> connections;
+  std::deque<Connection*> ready;  // kBusy connections waiting for a handler
+  std::uint64_t next_id = kFirstConnectionId;
+
+  std::atomic<std::uint64_t> refused{0}, timed_out{0};
+  Clock::time_point last_descriptor_warning{};
+
+  Impl(std::string n, Limits l)
+      : name(std::move(n)),
+        limits(l),
+        gate(engine, limits),
+        refusal(too_many_connections(l.max_connections)) {
+    engine.set_socket_options([](socket_t s) {
+      const int yes = 1;  // TIME_WAIT must not block a restart; sharing the port must fail
+      ::setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    });
+    engine.set_payload_max_length(limits.max_body_bytes);
+    engine.set_read_timeout(
+        std::chrono::duration_cast<std::chrono::seconds>(limits.io_timeout).count(), 0);
+    engine.set_write_timeout(
+        std::chrono::duration_cast<std::chrono::seconds>(limits.io_timeout).count(), 0);
+    // Only for the Keep-Alive header httplib writes; the poller enforces both.
+    engine.set_keep_alive_timeout(
+        std::chrono::duration_cast<std::chrono::seconds>(limits.idle_timeout).count());
+    engine.set_keep_alive_max_count(limits.max_requests_per_connection);
+  }
+
+  void epoll_add(int fd, std::uint64_t id, std::uint32_t events, int op = EPOLL_CTL_ADD) {
+    epoll_event e{};
+    e.events = events;
+    e.data.u64 = id;
+    ::epoll_ctl(epoll.get(), op, fd, &e);
+  }
+
+  void poll_loop();
+  void accept_all(Clock::time_point& paused_until);
+  void sweep_idle();
+  void handler_loop();
+  void serve(Connection& c);
+  void drain(Connection& c, ConnectionStream& stream);
+  void give_back(Connection& c);
+  void close_connection(Connection& c);
+};
+
+void Server::Impl::poll_loop() {
+  name_thread(name);
+  std::array<epoll_event, 256> events{};
+  Clock::time_point paused_until{};
+  Clock::time_point next_sweep = Clock::now() + kSweepPeriod;
+  while (!stopping) {
+    const int n = ::epoll_wait(epoll.get(), events.data(), static_cast<int>(events.size()),
+                               static_cast<int>(kSweepPeriod.count()));
+    const auto now = Clock::now();
+    if (paused_until != Clock::time_point{} && now >= paused_until) {
+      paused_until = {};
+      epoll_add(engine.listening_socket(), kListenerId, EPOLLIN, EPOLL_CTL_MOD);
+    }
+    for (int i = 0; i < n; ++i) {
+      const std::uint64_t id = events[i].data.u64;
+      if (id == kWakeId) continue;
+      if (id == kListenerId) {
+        accept_all(paused_until);
+        continue;
+      }
+      std::lock_guard lock(mutex);
+      auto it = connections.find(id);
+      if (it == connections.end() || it->second->state != Connection::State::kIdle) continue;
+      it->second->state = Connection::State::kBusy;  // EPOLLONESHOT disarmed it
+      ready.push_back(it->second.get());
+      ready_cv.notify_one();
+    }
+    if (now >= next_sweep) {
+      sweep_idle();
+      next_sweep = now + kSweepPeriod;
+    }
+  }
+}
+
+void Server::Impl::accept_all(Clock::time_point& paused_until) {
+  for (;;) {
+    UniqueFd fd(
+        ::accept4(engine.listening_socket(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+    if (fd.get() < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        // Out of descriptors: leave the connection queued, stop polling the listener a moment
+        // (else epoll wakes at once, forever) and say so once per period.
+        const auto now = Clock::now();
+        if (now - last_descriptor_warning > kDescriptorWarningPeriod) {
+          last_descriptor_warning = now;
+          spdlog::warn("{}: cannot accept HTTP connections: {} ({} open)", name,
+                       std::strerror(errno), connections.size());
+        }
+        paused_until = now + kAcceptPause;
+        epoll_add(engine.listening_socket(), kListenerId, 0, EPOLL_CTL_MOD);
+      }
+      return;  // EAGAIN: all accepted
+    }
+    std::unique_lock lock(mutex);
+    if (connections.size() >= limits.max_connections) {
+      lock.unlock();
+      refused.fetch_add(1, std::memory_order_relaxed);
+      // A clear refusal, best effort: the socket buffer takes this small answer at once.
+      (void)::send(fd.get(), refusal.data(), refusal.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+      ::shutdown(fd.get(), SHUT_WR);
+      continue;
+    }
+    const std::uint64_t id = next_id++;
+    auto c = std::make_unique<Connection>(std::move(fd), id);
+    c->idle_deadline = Clock::now() + limits.idle_timeout;
+    const int raw = c->fd.get();
+    connections.emplace(id, std::move(c));
+    lock.unlock();
+    epoll_add(raw, id, EPOLLIN | EPOLLRDHUP | EPOLLONESHOT);
+  }
+}
+
+void Server::Impl::sweep_idle() {
+  const auto now = Clock::now();
+  std::lock_guard lock(mutex);
+  for (auto it = connections.begin(); it != connections.end();) {
+    Connection& c = *it->second;
+    if (c.state == Connection::State::kIdle && now >= c.idle_deadline) {
+      ::epoll_ctl(epoll.get(), EPOLL_CTL_DEL, c.fd.get(), nullptr);
+      it = connections.erase(it);  // closes it
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Server::Impl::handler_loop() {
+  name_thread(name);
+  for (;;) {
+    Connection* c = nullptr;
+    {
+      std::unique_lock lock(mutex);
+      ready_cv.wait(lock, [&] { return stopping || !ready.empty(); });
+      if (ready.empty()) return;  // stopping
+      c = ready.front();
+      ready.pop_front();
+    }
+    if (stopping) {
+      close_connection(*c);
+      continue;
+    }
+    serve(*c);
+  }
+}
+
+void Server::Impl::serve(Connection& c) {
+  c.deadline = Clock::now() + limits.header_timeout;
+  c.timed_out = false;
+  c.close_after = false;
+  c.refusal_status = 0;
+  c.refusal_detail.clear();
+  c.unread_body = 0;
+  c.declared_body = 0;
+  ConnectionStream stream(c, limits.io_timeout);
+  const bool last = ++c.requests >= limits.max_requests_per_connection;
+  bool client_closes = false;
+  const bool ok = gate.process(c, stream, last, client_closes);
+  gate.release(c);
+  drain(c, stream);
+  if (c.timed_out) timed_out.fetch_add(1, std::memory_order_relaxed);
+  if (!ok || last || client_closes || c.close_after || c.timed_out || stopping) {
+    close_connection(c);
+    return;
+  }
+  give_back(c);
+}
+
+// Reads and drops a refused body (within the body timeout): closing with it unread would reset
+// the connection, and a client still sending would never see the answer.
+void Server::Impl::drain(Connection& c, ConnectionStream& stream) {
+  if (c.unread_body == 0 || c.timed_out) return;
+  c.deadline = Clock::now() + limits.body_timeout;
+  std::vector<char> sink(kDrainChunk);
+  while (c.unread_body > 0) {
+    const ssize_t n = stream.read(sink.data(), std::min(sink.size(), c.unread_body));
+    if (n <= 0) return;
+    c.unread_body -= static_cast<std::size_t>(n);
+  }
+}
+
+// Keep-alive: back to the poller, or straight to the queue when the next request is buffered.
+void Server::Impl::give_back(Connection& c) {
+  std::lock_guard lock(mutex);
+  if (c.buffered()) {
+    ready.push_back(&c);
+    ready_cv.notify_one();
+    return;
+  }
+  c.state = Connection::State::kIdle;
+  c.idle_deadline = Clock::now() + limits.idle_timeout;
+  epoll_add(c.fd.get(), c.id, EPOLLIN | EPOLLRDHUP | EPOLLONESHOT, EPOLL_CTL_MOD);
+}
+
+void Server::Impl::close_connection(Connection& c) {
+  std::lock_guard lock(mutex);
+  ::epoll_ctl(epoll.get(), EPOLL_CTL_DEL, c.fd.get(), nullptr);
+  connections.erase(c.id);
+}
+
+Server::Server(std::string thread_name, Limits limits)
+    : impl_(std::make_unique<Impl>(std::move(thread_name), limits)) {}
+
+Server::~Server() {
+  stop();
+}
+
+void Server::get(const std::string& path, Handler handler) {
+  impl_->gate.route("GET", path, std::move(handler));
+}
+void Server::post(const std::string& path, Handler handler) {
+  impl_->gate.route("POST", path, std::move(handler));
+}
+httplib::Server& Server::raw() {
+  return impl_->engine;
+}
+const Limits& Server::limits() const {
+  return impl_->limits;
+}
+
+Result<int> Server::start(const std::string& host, int port) {
+  Impl& s = *impl_;
+  if (s.poller.joinable()) return Error{"HTTP server already started"};
+  const rlim_t descriptors = raise_descriptor_limit();
+  if (descriptors > kDescriptorReserve &&
+      s.limits.max_connections > descriptors - kDescriptorReserve)
+    spdlog::warn("{}: {} HTTP connections allowed but only {} descriptors (ulimit -n)", s.name,
+                 s.limits.max_connections, descriptors);
+  int bound = -1;
+  if (port == 0) {
+    bound = s.engine.bind_to_any_port(host);
+  } else if (s.engine.bind_to_port(host, port)) {
+    bound = port;
+  }
+  if (bound < 0)
+    return Error{"cannot listen for HTTP at " + host + ":" + std::to_string(port) + ": " +
+                 bind_failure(host, port)};
+  const int listener = s.engine.listening_socket();
+  ::listen(listener, kBacklog);  // raises httplib's backlog of 5
+  ::fcntl(listener, F_SETFL, ::fcntl(listener, F_GETFL) | O_NONBLOCK);  // accept until EAGAIN
+  s.epoll = UniqueFd(::epoll_create1(EPOLL_CLOEXEC));
+  s.wake = UniqueFd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (s.epoll.get() < 0 || s.wake.get() < 0) {
+    UniqueFd(s.engine.release_listening_socket());
+    return Error{std::string("HTTP server: ") + std::strerror(errno)};
+  }
+  s.epoll_add(s.engine.listening_socket(), kListenerId, EPOLLIN);
+  s.epoll_add(s.wake.get(), kWakeId, EPOLLIN);
+  s.stopping = false;
+  s.poller = std::thread([&s] { s.poll_loop(); });
+  for (std::size_t i = 0; i < s.limits.handler_threads; ++i)
+    s.handlers.emplace_back([&s] { s.handler_loop(); });
+  return bound;
+}
+
+void Server::stop() {
+  Impl& s = *impl_;
+  if (!s.poller.joinable()) return;
+  s.stopping = true;
+  const std::uint64_t one = 1;
+  (void)::write(s.wake.get(), &one, sizeof(one));
+  s.poller.join();
+  UniqueFd(s.engine.release_listening_socket());
+  {
+    // Idle connections close now; busy ones when their request is answered.
+    std::lock_guard lock(s.mutex);
+    for (auto it = s.connections.begin(); it != s.connections.end();) {
+      if (it->second->state == Connection::State::kIdle) {
+        it = s.connections.erase(it);
+      } else {
+        ::shutdown(it->second->fd.get(), SHUT_RD);  // a request still arriving ends now
+        ++it;
+      }
+    }
+    s.ready_cv.notify_all();
+  }
+  for (auto& t : s.handlers) t.join();
+  s.handlers.clear();
+  std::lock_guard lock(s.mutex);
+  s.connections.clear();
+  s.ready.clear();
+}
+
+Counters Server::counters() const {
+  const Impl& s = *impl_;
+  Counters c;
+  {
+    std::lock_guard lock(s.mutex);
+    c.connections_open = s.connections.size();
+  }
+  c.connections_refused = s.refused.load(std::memory_order_relaxed);
+  c.requests_timed_out = s.timed_out.load(std::memory_order_relaxed);
+  c.bodies_refused = s.gate.refused();
+  return c;
+}
+
+}  // namespace kvnode::httpd

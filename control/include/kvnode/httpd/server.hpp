@@ -1,0 +1,80 @@
+// The HTTP server both daemons use (kvcontroller's API, kvnode's /health and /metrics): cpp-httplib
+// parses requests and writes responses, but the connections are ours. One poller thread holds
+// every idle connection in epoll (an idle or keep-alive connection costs no thread), and a
+// request is handed to a fixed handler pool only once its first bytes arrive, so idle clients
+// cannot starve /health. Bounded everywhere: connections (503 beyond), the time to send the
+// headers and the body, keep-alive (time and requests), body size (413) and the bytes of bodies
+// being read at once (503). A known path asked with another method is 405; JSON bodies are read
+// whatever their Content-Type says (curl -d labels them a form).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "kvnode/common/result.hpp"
+
+namespace httplib {
+struct Request;
+struct Response;
+class Server;
+}  // namespace httplib
+
+namespace kvnode::httpd {
+
+struct Limits {
+  std::size_t max_connections = 4096;  // open at once; one more is answered 503 and closed
+  std::size_t handler_threads = 8;     // requests handled at once
+  std::chrono::milliseconds idle_timeout{5000};    // a connection waiting for its next request
+  std::chrono::milliseconds header_timeout{5000};  // request line and headers, from first byte
+  std::chrono::milliseconds body_timeout{60000};   // the whole body
+  std::chrono::milliseconds io_timeout{10000};     // one read or write making no progress
+  std::size_t max_requests_per_connection = 1000;
+  std::size_t max_body_bytes = std::size_t{64} << 20;               // per request: 413 beyond
+  std::size_t max_bodies_in_flight_bytes = std::size_t{256} << 20;  // all requests: 503 beyond
+  // After a body at least this large is freed, idle heap goes back to the kernel (the daemons
+  // keep up to 64 MiB free per arena, which after large bodies is memory nobody uses).
+  std::size_t trim_after_body_bytes = std::size_t{8} << 20;
+};
+
+struct Counters {
+  std::uint64_t connections_open = 0;
+  std::uint64_t connections_refused = 0;  // over max_connections
+  std::uint64_t requests_timed_out = 0;   // headers or body not sent in time
+  std::uint64_t bodies_refused = 0;       // 413 and 503 for body size and budget
+};
+
+class Server {
+ public:
+  using Handler = std::function<void(const httplib::Request&, httplib::Response&)>;
+
+  // thread_name: what its threads are called (at most 15 characters).
+  explicit Server(std::string thread_name, Limits limits = {});
+  ~Server();  // stops
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Routes are exact paths. Register them before start().
+  void get(const std::string& path, Handler handler);
+  void post(const std::string& path, Handler handler);
+  // For error and exception handlers and the logger; not for routes or timeouts.
+  httplib::Server& raw();
+
+  // Binds (port 0: ephemeral; no SO_REUSEPORT, so a port in use is an error naming its
+  // holder) and serves on background threads; returns the bound port.
+  Result<int> start(const std::string& host, int port);
+  // Closes the listener and idle connections; requests being handled finish first.
+  void stop();
+
+  Counters counters() const;
+  const Limits& limits() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvnode::httpd
