@@ -132,6 +132,20 @@ constexpr std::array kKeys{
     Key{"max_workers", "", "N", "65536",
         "registered workers beyond which registrations are refused",
         [](ControllerConfig& c, const RawValue& v) { return assign(c.max_workers, parse_int(v)); }},
+    Key{"http_max_connections", "", "N", "4096",
+        "HTTP connections open at once; one more is answered 503 and closed",
+        [](ControllerConfig& c, const RawValue& v) {
+          return assign(c.http_max_connections, parse_int(v));
+        }},
+    Key{"http_max_body_mb", "", "MIB", "64", "MiB of one HTTP request body; a larger one is 413",
+        [](ControllerConfig& c, const RawValue& v) {
+          return assign(c.http_max_body_mb, parse_int(v));
+        }},
+    Key{"http_max_bodies_mb", "", "MIB", "256",
+        "MiB of HTTP request bodies being read at once; a body beyond is 503",
+        [](ControllerConfig& c, const RawValue& v) {
+          return assign(c.http_max_bodies_mb, parse_int(v));
+        }},
     Key{"log_level", "", "LEVEL", "info", "trace, debug, info, warn, error, critical or off",
         [](ControllerConfig& c, const RawValue& v) {
           return assign(c.log_level, parse_string(v));
@@ -457,6 +471,17 @@ Status check_timings(const ControllerConfig& c) {
   if (c.max_workers < 1)
     return make_error("max_workers: expected an integer >= 1, got " +
                       std::to_string(c.max_workers));
+  for (const auto& [name, value] :
+       {std::pair<std::string_view, int>{"http_max_connections", c.http_max_connections},
+        {"http_max_body_mb", c.http_max_body_mb},
+        {"http_max_bodies_mb", c.http_max_bodies_mb}})
+    if (value < 1)
+      return make_error(std::string(name) + ": expected an integer >= 1, got " +
+                        std::to_string(value));
+  if (c.http_max_bodies_mb < c.http_max_body_mb)
+    return make_error("http_max_bodies_mb: " + std::to_string(c.http_max_bodies_mb) +
+                      " is below http_max_body_mb (" + std::to_string(c.http_max_body_mb) +
+                      "): no body of the largest size could ever be read");
   if (!(c.full_sync_threshold > 0 && c.full_sync_threshold <= 1))
     return make_error("full_sync_threshold: expected a number in (0, 1], got " +
                       format_number(c.full_sync_threshold));

@@ -362,7 +362,11 @@ struct Controller::Impl {
       ports.heartbeat = bound_port(*hb);
       heartbeat = std::move(*hb);
     }
-    http = std::make_unique<HttpApi>(*orchestrator, registry, metrics);
+    httpd::Limits limits = HttpApi::default_limits();
+    limits.max_connections = static_cast<std::size_t>(c.http_max_connections);
+    limits.max_body_bytes = static_cast<std::size_t>(c.http_max_body_mb) << 20;
+    limits.max_bodies_in_flight_bytes = static_cast<std::size_t>(c.http_max_bodies_mb) << 20;
+    http = std::make_unique<HttpApi>(*orchestrator, registry, metrics, limits);
     auto http_port = http->start(c.controller_host, c.controller_port);
     if (!http_port) return http_port.error();
     ports.http = *http_port;

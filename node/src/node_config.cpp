@@ -110,6 +110,8 @@ void add_settings(Settings& s, NodeConfig& c, UcxText& ucx) {
   s.add("--http-port", "kvnode_http_port", c.http_port,
         "/metrics and /health; 0: a free port; < 0: off");
   s.add("--http-host", "kvnode_http_host", c.http_host, "bind host of /metrics and /health");
+  s.add("--http-max-connections", "kvnode_http_max_connections", c.http_max_connections,
+        "HTTP connections open at once; one more is answered 503 and closed");
   s.add("--ucx-tls", "kvnode_ucx_tls", ucx.tls,
         "UCX_TLS for the transfer plane (default: the environment's, else UCX's choice)");
   s.add("--ucx-net-devices", "kvnode_ucx_net_devices", ucx.net_devices,
@@ -186,6 +188,7 @@ Status validate(const NodeConfig& c) {
   if (Status s = port_of(c.lmcache_worker_ports, "lmcache_worker_ports"); !s) return s;
   if (Status s = port_of(c.p2p_init_ports, "p2p_init_ports"); !s) return s;
   if (c.http_port > 65535) return make_error("kvnode_http_port: out of range");
+  if (c.http_max_connections < 1) return make_error("kvnode_http_max_connections: at least 1");
   if (c.full_sync_startup_delay < 0 || c.full_sync_startup_delay > 3600)
     return make_error("kvnode_full_sync_startup_delay: between 0 and 3600 seconds");
   if (c.local_staging_mb > (1u << 20))

@@ -36,6 +36,9 @@ struct ControllerConfig {
   double full_sync_threshold = 0.8;   // global progress at which workers may leave freeze
   double full_sync_timeout = 300.0;   // s of silence before a SYNCING worker becomes FAILED
   int max_workers = 65536;            // registrations beyond are refused with an ErrorMsg
+  int http_max_connections = 4096;    // HTTP connections open at once; beyond: 503 and closed
+  int http_max_body_mb = 64;          // MiB of one request body; beyond: 413
+  int http_max_bodies_mb = 256;       // MiB of request bodies being read at once; beyond: 503
   keys::ChunkHashConfig hashing;      // how /lookup turns tokens into chunk hashes
   std::string log_level = "info";     // trace, debug, info, warn, error, critical, off
 };
