@@ -6,8 +6,9 @@
 namespace kvnode::node {
 namespace {
 
-// lmcache/v1/config.py's _CONFIG_DEFINITIONS, _CONFIG_ALIASES and _DEPRECATED_CONFIGS, plus keys
-// of earlier releases still found in deployed files (protocol reference §3.12).
+// The union over LMCache v1 releases of lmcache/v1/config.py's keys (_CONFIG_DEFINITIONS,
+// _CONFIG_ALIASES, _DEPRECATED_CONFIGS, and the dataclass fields of the releases before them):
+// a file written for any of them loads (protocol reference §3.12).
 constexpr std::string_view kKeys[] = {
     // Basic, storage and feature toggles.
     "chunk_size", "local_cpu", "max_local_cpu_size", "local_cpu_use_hugepages",
@@ -15,11 +16,12 @@ constexpr std::string_view kKeys[] = {
     "remote_url", "remote_serde", "use_layerwise", "save_decode_cache",
     "pre_caching_hash_algorithm", "local_device", "pipelined_backend",
     // Blending.
-    "enable_blending", "blend_recompute_ratios", "blend_thresholds", "blend_check_layers",
-    "blend_min_tokens", "blend_special_str", "retrieve_locations", "store_location",
+    "enable_blending", "blend_recompute_ratio", "blend_recompute_ratios", "blend_thresholds",
+    "blend_check_layers", "blend_min_tokens", "blend_special_str", "retrieve_locations",
+    "store_location",
     // P2P.
     "enable_p2p", "p2p_host", "p2p_init_ports", "p2p_lookup_ports", "p2p_max_retry_count",
-    "mp_host", "mp_port",
+    "mp_host", "mp_port", "lookup_url", "distributed_url", "error_handling",
     // Controller and worker.
     "enable_controller", "lmcache_instance_id", "controller_pull_url", "controller_reply_url",
     "lmcache_worker_ports", "lmcache_worker_ids", "lmcache_worker_heartbeat_delay_time",

@@ -1,6 +1,6 @@
 // LMCache engine config keys (lmcache/v1/config.py, with its aliases and deprecated names):
 // kvnode reads LMCache's YAML files as they are, so these keys are accepted even where kvnode has
-// no use for them; a key that is neither LMCache's nor kvnode's is a typo and is refused.
+// no use for them. node_config.cpp decides what an unknown key is (a typo, or a newer key).
 #pragma once
 
 #include <span>

@@ -6,10 +6,13 @@
 
 #include <CLI/CLI.hpp>
 #include <cctype>
+#include <charconv>
 #include <functional>
+#include <sstream>
 #include <type_traits>
 
 #include "kvnode/common/nearest_name.hpp"
+#include "kvnode/controller/yaml_file.hpp"
 #include "kvnode/gpu/kv_shape.hpp"
 #include "lmcache_keys.hpp"
 
@@ -21,13 +24,20 @@ std::string expected_type() {
   if constexpr (std::is_same_v<T, std::string>)
     return "a string";
   else if constexpr (std::is_same_v<T, std::vector<int>>)
-    return "a list of integers";
+    return "a list of integers, one integer or \"a,b\"";
   else if constexpr (std::is_floating_point_v<T>)
     return "a number";
   else if constexpr (std::is_unsigned_v<T>)
     return "a non-negative integer";
   else
     return "an integer";
+}
+
+template <class T>
+Status type_error(const YAML::Node& v, const std::string& key) {
+  YAML::Emitter shown;
+  shown << YAML::Flow << v;
+  return make_error(key + ": expected " + expected_type<T>() + ", got '" + shown.c_str() + "'");
 }
 
 template <class T>
@@ -38,16 +48,70 @@ Status read_yaml(const YAML::Node& v, const std::string& key, T& out) {
     return {};
   } catch (const YAML::Exception&) {
   }
-  YAML::Emitter shown;
-  shown << YAML::Flow << v;
-  return make_error(key + ": expected " + expected_type<T>() + ", got '" + shown.c_str() + "'");
+  return type_error<T>(v, key);
 }
 
-// A setting: its YAML key, its flag, and how a YAML value reaches the config.
+// "8200" or "8200, 8201" (LMCache's _to_int_list), or nothing when a part is not an integer.
+std::optional<std::vector<int>> int_list(const std::string& text) {
+  std::vector<int> out;
+  std::istringstream parts(text);
+  for (std::string part; std::getline(parts, part, ',');) {
+    const auto first = part.find_first_not_of(' ');
+    const auto last = part.find_last_not_of(' ');
+    if (first == std::string::npos) return std::nullopt;
+    int n = 0;
+    const char* end = part.data() + last + 1;
+    if (auto [ptr, ec] = std::from_chars(part.data() + first, end, n);
+        ec != std::errc() || ptr != end)
+      return std::nullopt;
+    out.push_back(n);
+  }
+  if (out.empty()) return std::nullopt;
+  return out;
+}
+
+// A list-valued port key takes a list, one integer or a "a,b" string, as LMCache's does.
+Status read_yaml(const YAML::Node& v, const std::string& key, std::vector<int>& out) {
+  if (!v || v.IsNull()) return {};
+  if (v.IsScalar()) {
+    if (auto list = int_list(v.Scalar())) {
+      out = std::move(*list);
+      return {};
+    }
+    return type_error<std::vector<int>>(v, key);
+  }
+  try {
+    out = v.as<std::vector<int>>();
+    return {};
+  } catch (const YAML::Exception&) {
+  }
+  return type_error<std::vector<int>>(v, key);
+}
+
+// A setting's value as text, to tell whether two spellings in one file agree.
+template <class T>
+std::string value_text(const T& v) {
+  std::ostringstream out;
+  if constexpr (std::is_same_v<T, std::vector<int>>) {
+    for (std::size_t i = 0; i < v.size(); ++i) out << (i ? "," : "") << v[i];
+  } else {
+    out << v;
+  }
+  return out.str();
+}
+
+// A setting: its YAML key, LMCache's other spellings of it, its flag, how a YAML value reaches
+// the config and how the value reads back.
 struct Setting {
   std::string key;
+  std::vector<std::string> aliases;
   CLI::Option* flag;
   std::function<Status(const YAML::Node&)> from_yaml;
+  std::function<std::string()> value;
+
+  bool named(const std::string& name) const {
+    return name == key || std::find(aliases.begin(), aliases.end(), name) != aliases.end();
+  }
 };
 
 class Settings {
@@ -57,11 +121,17 @@ class Settings {
   // The help reads "<what> (key <key>)"; the default is CLI11's "=value" after the type.
   template <class T>
   CLI::Option* add(const std::string& flag, const std::string& key, T& field,
-                   const std::string& help) {
-    CLI::Option* option = app_.add_option(flag, field, help + " (key " + key + ")");
-    if constexpr (!std::is_same_v<T, std::vector<int>>) option->capture_default_str();
-    all_.push_back(
-        {key, option, [&field, key](const YAML::Node& v) { return read_yaml(v, key, field); }});
+                   const std::string& help, std::vector<std::string> aliases = {}) {
+    std::string described = help + " (key " + key;
+    for (const std::string& alias : aliases) described += ", also " + alias;
+    CLI::Option* option = app_.add_option(flag, field, described + ")");
+    if constexpr (std::is_same_v<T, std::vector<int>>)
+      option->delimiter(',');  // --worker-ports 8500,8501 as well as two values
+    else
+      option->capture_default_str();
+    all_.push_back({key, std::move(aliases), option,
+                    [&field, key](const YAML::Node& v) { return read_yaml(v, key, field); },
+                    [&field] { return value_text(field); }});
     return option;
   }
 
@@ -82,11 +152,11 @@ void add_settings(Settings& s, NodeConfig& c, UcxText& ucx) {
   s.add("--instance-id", "lmcache_instance_id", c.lmcache_instance_id,
         "the LMCache instance this node serves");
   s.add("--controller-pull-url", "controller_pull_url", c.controller_pull_url,
-        "host:port of the controller's PULL socket; required");
+        "host:port of the controller's PULL socket; required", {"controller_url"});
   s.add("--controller-reply-url", "controller_reply_url", c.controller_reply_url,
         "host:port of the controller's reply socket; required");
   s.add("--worker-ports", "lmcache_worker_ports", c.lmcache_worker_ports,
-        "REP port of each rank (default: a free port)");
+        "REP port of each rank (default: a free port)", {"lmcache_worker_port"});
   s.add("--heartbeat-time", "lmcache_worker_heartbeat_time", c.lmcache_worker_heartbeat_time,
         "seconds between heartbeats; 0: off");
   s.add("--p2p-host", "p2p_host", c.p2p_host, "the transfer plane's host");
@@ -135,38 +205,53 @@ std::vector<std::string> known_keys(const std::vector<Setting>& settings) {
   return keys;
 }
 
-// Flags win: a key is taken from the file only when its flag was not given.
-Status apply_file(const std::string& path, const std::vector<Setting>& settings) {
-  YAML::Node root;
-  try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::BadFile&) {
-    return make_error(path + ": cannot read the config file");
-  } catch (const YAML::Exception& e) {
-    return make_error(path + ": " + e.what());
-  }
-  if (root.IsNull()) return {};  // an empty file sets nothing
-  if (!root.IsMap()) return make_error(path + ": expected a mapping of config keys");
-  for (const auto& entry : root) {
+// An unknown key this near a known one (two slips of the keyboard), or in kvnode's own namespace,
+// is a typo and refused; any other is taken for a key of an LMCache release newer than kvnode's
+// list (LMCache itself only warns) and ignored with a warning.
+constexpr std::size_t kTypoEdits = 2;
+constexpr std::string_view kOwnPrefix = "kvnode_";
+
+// Whether an unknown key is refused (else ignored with a warning).
+bool refuse_unknown(const std::string& name, const std::vector<Setting>& settings) {
+  return name.starts_with(kOwnPrefix) || within_edits(name, known_keys(settings), kTypoEdits);
+}
+
+// Flags win: a key is taken from the file only when its flag was not given. Two spellings of one
+// setting (controller_url and controller_pull_url) must agree.
+Status apply_file(const std::string& path, const std::vector<Setting>& settings,
+                  std::vector<std::string>& warnings) {
+  auto root = controller::load_yaml_file(path);
+  if (!root) return std::move(root).error();
+  if (root->IsNull()) return {};  // an empty file sets nothing
+  if (!root->IsMap()) return make_error(path + ": expected a mapping of config keys");
+  struct Applied {
+    const Setting* setting;
+    std::string spelling, value;
+  };
+  std::vector<Applied> applied;
+  for (const auto& entry : *root) {
     const std::string name = entry.first.Scalar();
     const auto it = std::find_if(settings.begin(), settings.end(),
-                                 [&](const Setting& s) { return s.key == name; });
+                                 [&](const Setting& s) { return s.named(name); });
     if (it == settings.end()) {
       if (is_lmcache_engine_key(name)) continue;
-      return make_error(path + ": " + unknown_name_message("key", name, known_keys(settings)));
+      if (refuse_unknown(name, settings))
+        return make_error(path + ": " + unknown_name_message("key", name, known_keys(settings)));
+      warnings.push_back(path + ": unknown key '" + name +
+                         "' ignored (not kvnode's, nor LMCache's as far as kvnode knows)");
+      continue;
     }
     if (it->flag->count() > 0) continue;
     if (Status s = it->from_yaml(entry.second); !s)
       return make_error(path + ": " + s.error().message);
+    const std::string value = it->value();
+    for (const Applied& earlier : applied)
+      if (earlier.setting == &*it && earlier.value != value)
+        return make_error(path + ": '" + earlier.spelling + "' and '" + name + "' both set " +
+                          it->key + " ('" + earlier.value + "' and '" + value + "'); keep one");
+    applied.push_back({&*it, name, value});
   }
   return {};
-}
-
-std::vector<std::string> flag_names(const CLI::App& app) {
-  std::vector<std::string> flags;
-  for (const CLI::Option* o : app.get_options())
-    for (const std::string& name : o->get_lnames()) flags.push_back("--" + name);
-  return flags;
 }
 
 Status validate(const NodeConfig& c) {
@@ -240,14 +325,16 @@ Result<ConfigOrExit> load_node_config(const std::vector<std::string>& argv) {
     return make_error(std::string(e.what()) + "; see kvnode --help");
   }
   if (!app.remaining().empty())
-    return make_error(unknown_argument_message(app.remaining().front(), flag_names(app), "kvnode"));
+    return make_error(
+        unknown_argument_message(app.remaining().front(), long_flag_names(app), "kvnode"));
+  std::vector<std::string> warnings;
   if (!config_file.empty()) {
-    if (Status s = apply_file(config_file, settings.all()); !s) return s.error();
+    if (Status s = apply_file(config_file, settings.all(), warnings); !s) return s.error();
   }
   if (!ucx.tls.empty()) c.ucx_tls = ucx.tls;
   if (!ucx.net_devices.empty()) c.ucx_net_devices = ucx.net_devices;
   if (Status s = validate(c); !s) return s.error();
-  return ConfigOrExit{c, "", 0};
+  return ConfigOrExit{c, "", 0, std::move(warnings)};
 }
 
 std::string local_socket_path(const NodeConfig& c) {

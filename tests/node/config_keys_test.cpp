@@ -38,8 +38,8 @@ TEST(NodeConfigKeys, AMisspeltKeyIsRefusedWithTheNearestKnownOne) {
       write_file("kvnode_typo2.yaml", std::string(kUrls) + "kvnode_chunk_byte: 1\n");
   EXPECT_EQ(error_of({"kvnode", "--config", own}),
             own + ": unknown key 'kvnode_chunk_byte' (did you mean 'kvnode_chunk_bytes'?)");
-  const std::string far = write_file("kvnode_far.yaml", std::string(kUrls) + "zzz: 1\n");
-  EXPECT_EQ(error_of({"kvnode", "--config", far}), far + ": unknown key 'zzz'");
+  const std::string far = write_file("kvnode_far.yaml", std::string(kUrls) + "kvnode_zzz: 1\n");
+  EXPECT_EQ(error_of({"kvnode", "--config", far}), far + ": unknown key 'kvnode_zzz'");
   const std::string type = write_file("kvnode_type.yaml", std::string(kUrls) + "chunk_size: abc\n");
   EXPECT_EQ(error_of({"kvnode", "--config", type}),
             type + ": chunk_size: expected a non-negative integer, got 'abc'");
@@ -64,7 +64,7 @@ lmcache_worker_heartbeat_delay_time: 10
 transfer_channel: nixl
 nixl_backends: [UCX]
 nixl_buffer_device: cpu
-controller_url: "10.0.0.1:9001"
+controller_url: "10.0.0.1:8300"  # LMCache's alias of controller_pull_url: must agree
 extra_config: {enable_nixl_storage: false, anything: [1, 2]}
 ec_chunk_size: 128
 ec: {max_local_cpu_size: 1}

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <thread>
 
 #include "kvnode/node/node_config.hpp"
@@ -52,7 +54,8 @@ p2p_init_ports: [8200, 8202]
 enable_p2p: true
 kvnode_kv_layers: 32
 )");
-  auto r = load_node_config({"kvnode", "--config", yaml, "--worker-id", "1", "--p2p-host", "10.0.0.6"});
+  auto r =
+      load_node_config({"kvnode", "--config", yaml, "--worker-id", "1", "--p2p-host", "10.0.0.6"});
   ASSERT_TRUE(r) << r.error().message;
   const NodeConfig& c = *r->config;
   EXPECT_EQ(c.lmcache_instance_id, "lmcache_instance_7");
@@ -69,10 +72,13 @@ kvnode_kv_layers: 32
     return e ? std::string("accepted") : e.error().message;
   };
   EXPECT_NE(error_of({"kvnode"}).find("controller_pull_url"), std::string::npos);
-  EXPECT_NE(error_of({"kvnode", "--config", yaml, "--worker-id", "2"}).find("lmcache_worker_ports: no port for worker 2"),
+  EXPECT_NE(error_of({"kvnode", "--config", yaml, "--worker-id", "2"})
+                .find("lmcache_worker_ports: no port for worker 2"),
             std::string::npos);
-  EXPECT_NE(error_of({"kvnode", "--config", "/nonexistent.yaml"}).find("/nonexistent.yaml"), std::string::npos);
-  const std::string bad = write_file("kvnode_bad.yaml", "chunk_size: [1, 2]\ncontroller_pull_url: a:1\n");
+  EXPECT_NE(error_of({"kvnode", "--config", "/nonexistent.yaml"}).find("/nonexistent.yaml"),
+            std::string::npos);
+  const std::string bad =
+      write_file("kvnode_bad.yaml", "chunk_size: [1, 2]\ncontroller_pull_url: a:1\n");
   EXPECT_NE(error_of({"kvnode", "--config", bad}).find("chunk_size"), std::string::npos);
   EXPECT_NE(error_of({"kvnode", "--controller-pull-url", "a:1", "--controller-reply-url", "a:2",
                       "--max-local-cpu-size", "0.001"})
@@ -81,27 +87,50 @@ kvnode_kv_layers: 32
   EXPECT_NE(error_of({"kvnode", "--memory", "disk"}).find("memory"), std::string::npos);
 }
 
+// A kvnode process registering with `ctl` over loopback TCP; `flags` add to (or repeat, the last
+// winning) what every process test here gives it.
+std::unique_ptr<test::ChildProcess> start_node(const controller::Controller& ctl, int http_port,
+                                               std::vector<std::string> flags) {
+  std::vector<std::string> argv = {KVNODE_PATH,
+                                   "--controller-pull-url",
+                                   "127.0.0.1:" + std::to_string(ctl.ports().pull),
+                                   "--controller-reply-url",
+                                   "127.0.0.1:" + std::to_string(ctl.ports().reply),
+                                   "--http-port",
+                                   std::to_string(http_port),
+                                   "--ucx-tls",
+                                   "tcp",
+                                   "--ucx-net-devices",
+                                   "lo"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  return std::make_unique<test::ChildProcess>(argv);
+}
+
+// The body of the first 200 answer to GET `path` that `ready` accepts, within 20 s; "" (and a
+// test failure naming how the node ended) when there is none.
+std::string await_get(test::ChildProcess& node, httplib::Client& http, const std::string& path,
+                      const std::function<bool(const std::string&)>& ready) {
+  for (auto until = Clock::now() + 20s; Clock::now() < until; std::this_thread::sleep_for(50ms)) {
+    if (auto r = http.Get(path); r && r->status == 200 && ready(r->body)) return r->body;
+    if (!node.running()) break;
+  }
+  ADD_FAILURE() << path << " never ready; node " << node.describe_exit() << "\n" << node.output();
+  return "";
+}
+
 TEST(KvnodeProcess, RegistersServesHealthAndMetricsAndStopsCleanly) {
   auto ctl = rig::start_controller();
   const int http_port = free_port();
-  test::ChildProcess node({KVNODE_PATH, "--instance-id", "proc-node",
-                           "--controller-pull-url", "127.0.0.1:" + std::to_string(ctl->ports().pull),
-                           "--controller-reply-url", "127.0.0.1:" + std::to_string(ctl->ports().reply),
-                           "--chunk-bytes", "65536", "--max-local-cpu-size", "0.01",
-                           "--http-port", std::to_string(http_port), "--heartbeat-time", "0.2",
-                           "--ucx-tls", "tcp", "--ucx-net-devices", "lo"});
+  auto process = start_node(*ctl, http_port,
+                            {"--instance-id", "proc-node", "--chunk-bytes", "65536",
+                             "--max-local-cpu-size", "0.01", "--heartbeat-time", "0.2"});
+  test::ChildProcess& node = *process;
   httplib::Client http("127.0.0.1", http_port);
   http.set_connection_timeout(1s);
-  std::string health;
-  for (auto until = Clock::now() + 20s; Clock::now() < until; std::this_thread::sleep_for(50ms)) {
-    auto r = http.Get("/health");
-    if (r && r->status == 200 && r->body.find("\"registered\":true") != std::string::npos) {
-      health = r->body;
-      break;
-    }
-    ASSERT_TRUE(node.running()) << node.describe_exit() << "\n" << node.output();
-  }
-  ASSERT_FALSE(health.empty()) << node.output();
+  const std::string health = await_get(node, http, "/health", [](const std::string& body) {
+    return body.find("\"registered\":true") != std::string::npos;
+  });
+  ASSERT_FALSE(health.empty());
   EXPECT_NE(health.find("\"peer_init_url\":\"127.0.0.1:"), std::string::npos) << health;
   auto metrics = http.Get("/metrics");
   ASSERT_TRUE(metrics && metrics->status == 200);
@@ -126,23 +155,14 @@ TEST(KvnodeProcess, RegistersServesHealthAndMetricsAndStopsCleanly) {
 TEST(KvnodeProcess, MetricsPrintIntegers) {
   auto ctl = rig::start_controller();
   const int http_port = free_port();
-  test::ChildProcess node({KVNODE_PATH, "--instance-id", "int-metrics",
-                           "--controller-pull-url", "127.0.0.1:" + std::to_string(ctl->ports().pull),
-                           "--controller-reply-url", "127.0.0.1:" + std::to_string(ctl->ports().reply),
-                           "--chunk-bytes", "4194304", "--max-local-cpu-size", "0.009",
-                           "--http-port", std::to_string(http_port), "--local-socket", "off",
-                           "--ucx-tls", "tcp", "--ucx-net-devices", "lo"});
+  auto node = start_node(*ctl, http_port,
+                         {"--instance-id", "int-metrics", "--chunk-bytes", "4194304",
+                          "--max-local-cpu-size", "0.009", "--local-socket", "off"});
   httplib::Client http("127.0.0.1", http_port);
   http.set_connection_timeout(1s);
-  std::string metrics;
-  for (auto until = Clock::now() + 20s; Clock::now() < until; std::this_thread::sleep_for(50ms)) {
-    if (auto r = http.Get("/metrics"); r && r->status == 200) {
-      metrics = r->body;
-      break;
-    }
-    ASSERT_TRUE(node.running()) << node.describe_exit() << "\n" << node.output();
-  }
-  ASSERT_FALSE(metrics.empty()) << node.output();
+  const std::string metrics =
+      await_get(*node, http, "/metrics", [](const std::string&) { return true; });
+  ASSERT_FALSE(metrics.empty());
   EXPECT_NE(metrics.find("\nkvnode_chunk_bytes 4194304\n"), std::string::npos) << metrics;
   EXPECT_EQ(metrics.find("e+"), std::string::npos) << metrics;
 }
@@ -155,9 +175,9 @@ TEST(KvnodeProcess, UnreachableControllerIsExplainedAndReadinessWaitsForRegistra
   test::ChildProcess node({KVNODE_PATH, "--instance-id", "ready-" + std::to_string(::getpid()),
                            "--controller-pull-url", "127.0.0.1:" + std::to_string(pull),
                            "--controller-reply-url", "127.0.0.1:" + std::to_string(reply),
-                           "--chunk-bytes", "65536", "--max-local-cpu-size", "0.01",
-                           "--http-port", std::to_string(http_port), "--local-socket", "off",
-                           "--ucx-tls", "tcp", "--ucx-net-devices", "lo"});
+                           "--chunk-bytes", "65536", "--max-local-cpu-size", "0.01", "--http-port",
+                           std::to_string(http_port), "--local-socket", "off", "--ucx-tls", "tcp",
+                           "--ucx-net-devices", "lo"});
   httplib::Client http("127.0.0.1", http_port);
   http.set_connection_timeout(1s);
   std::string health;
@@ -172,17 +192,21 @@ TEST(KvnodeProcess, UnreachableControllerIsExplainedAndReadinessWaitsForRegistra
   }
   ASSERT_FALSE(health.empty()) << node.output();
   EXPECT_NE(health.find("\"status\":\"ok\""), std::string::npos) << health;
-  EXPECT_NE(health.find("\"detail\":\"not registered: cannot connect to the controller at tcp://127.0.0.1:" +
-                        std::to_string(reply)),
-            std::string::npos)
+  EXPECT_NE(
+      health.find(
+          "\"detail\":\"not registered: cannot connect to the controller at tcp://127.0.0.1:" +
+          std::to_string(reply)),
+      std::string::npos)
       << health;
   auto ready = http.Get("/ready");
   ASSERT_TRUE(ready);
   EXPECT_EQ(ready->status, 503) << ready->body;
   auto metrics = http.Get("/metrics");
   ASSERT_TRUE(metrics);
-  EXPECT_EQ(metrics->body.find("kvnode_controller_registration_failures_total 0\n"), std::string::npos);
-  EXPECT_NE(metrics->body.find("kvnode_controller_registration_failures_total "), std::string::npos);
+  EXPECT_EQ(metrics->body.find("kvnode_controller_registration_failures_total 0\n"),
+            std::string::npos);
+  EXPECT_NE(metrics->body.find("kvnode_controller_registration_failures_total "),
+            std::string::npos);
   const std::string log = node.output();
   EXPECT_NE(log.find("registration 1 of ready-"), std::string::npos) << log;
   EXPECT_NE(log.find("retrying in"), std::string::npos) << log;

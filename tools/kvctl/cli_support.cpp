@@ -11,13 +11,6 @@ namespace kvctl {
 
 namespace {
 
-std::vector<std::string> long_flags(const CLI::App& app) {
-  std::vector<std::string> flags;
-  for (const CLI::Option* o : app.get_options())
-    for (const std::string& name : o->get_lnames()) flags.push_back("--" + name);
-  return flags;
-}
-
 // "kvctl lookup": the subcommands the command line selected, innermost last.
 std::pair<const CLI::App*, std::string> innermost(const CLI::App& app) {
   const CLI::App* at = &app;
@@ -33,7 +26,7 @@ std::pair<const CLI::App*, std::string> innermost(const CLI::App& app) {
 
 std::optional<std::string> unknown_top_level_argument(const CLI::App& app,
                                                       const std::vector<std::string>& args) {
-  const std::vector<std::string> flags = long_flags(app);
+  const std::vector<std::string> flags = kvnode::long_flag_names(app);
   for (const std::string& arg : args) {
     if (!arg.starts_with("-")) return std::nullopt;  // the subcommand: CLI11 takes it from here
     if (arg == "-h" || std::find(flags.begin(), flags.end(), arg) != flags.end()) continue;
@@ -45,7 +38,8 @@ std::optional<std::string> unknown_top_level_argument(const CLI::App& app,
 std::string usage_error_message(const CLI::App& app, const CLI::Error& error) {
   const auto [at, path] = innermost(app);
   if (dynamic_cast<const CLI::ExtrasError*>(&error) && !at->remaining().empty())
-    return kvnode::unknown_argument_message(at->remaining().front(), long_flags(*at), path);
+    return kvnode::unknown_argument_message(at->remaining().front(), kvnode::long_flag_names(*at),
+                                            path);
   return std::string(error.what()) + "; see " + path + " --help";
 }
 

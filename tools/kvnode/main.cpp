@@ -20,6 +20,8 @@ int main(int argc, char** argv) {
     std::printf("%s\n", parsed->message.c_str());
     return parsed->exit_code;
   }
+  for (const std::string& warning : parsed->warnings)
+    std::fprintf(stderr, "kvnode: warning: %s\n", warning.c_str());
   spdlog::set_level(spdlog::level::from_str(parsed->config->log_level));
   kvnode::keep_freed_memory();
   kvnode::transfer::prefer_port_reuse();  // before any thread: a restart gets its port back

@@ -44,6 +44,25 @@ std::optional<std::string> nearest_name(std::string_view name, const Names& know
   return best;
 }
 
+// Whether `name` is at most `max_distance` edits from a known name: a slip of the keyboard rather
+// than a name of its own.
+template <class Names>
+bool within_edits(std::string_view name, const Names& known, std::size_t max_distance) {
+  for (const auto& candidate : known)
+    if (edit_distance(name, candidate) <= max_distance) return true;
+  return false;
+}
+
+// Every long flag of a CLI11 app (or subcommand), "--name", for the hints below. A template so
+// that common/ needs no CLI11.
+template <class App>
+std::vector<std::string> long_flag_names(const App& app) {
+  std::vector<std::string> flags;
+  for (const auto* option : app.get_options())
+    for (const std::string& name : option->get_lnames()) flags.push_back("--" + name);
+  return flags;
+}
+
 // "unknown key 'chunk_sise' (did you mean 'chunk_size'?)", or without the hint when none is near.
 template <class Names>
 std::string unknown_name_message(std::string_view what, std::string_view name, const Names& known) {

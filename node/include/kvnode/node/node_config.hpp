@@ -1,7 +1,9 @@
-// kvnode's configuration: LMCache's YAML keys where they mean the same thing (an LMCache config
-// file works as is: LMCache keys kvnode does not use are ignored), plus kvnode's own (kvnode_*).
-// A key that is neither is refused with the nearest known one as a hint. Sources, later ones
-// winning: defaults, the YAML file (--config), command-line flags. Errors name the key.
+// kvnode's configuration: LMCache's YAML keys where they mean the same thing, LMCache's aliases
+// included (an LMCache config file works as is: LMCache keys kvnode does not use are ignored),
+// plus kvnode's own (kvnode_*). An unknown key within two edits of a known one, or kvnode_*, is a
+// typo, refused with the nearest known one as a hint; any other is ignored with a warning (a key
+// of a newer LMCache). Sources, later ones winning: defaults, the YAML file (--config),
+// command-line flags. Errors name the key.
 #pragma once
 
 #include <cstddef>
@@ -52,6 +54,8 @@ struct ConfigOrExit {
   std::optional<NodeConfig> config;
   std::string message;  // --help / --version text
   int exit_code = 0;
+  // Unknown keys the file held that were ignored (not near a known key): print each once.
+  std::vector<std::string> warnings;
 };
 
 // A setting as its sources name it: the YAML key and the flag (for the docs and their tests).
