@@ -20,8 +20,10 @@
 #include <system_error>
 #include <utility>
 
+#include "config_keys.hpp"
 #include "config_values.hpp"
 #include "kvnode/common/nearest_name.hpp"
+#include "kvnode/controller/yaml_file.hpp"
 
 // control/CMakeLists.txt does not (yet) pass the project version to this library the way
 // tools/*/CMakeLists.txt do for their binaries; keep this equal to project(VERSION) until it does.
@@ -38,161 +40,13 @@ constexpr std::string_view kEnvPrefix = "LMCACHE_CONTROLLER_";
 constexpr std::string_view kConfigFileEnv = "LMCACHE_CONTROLLER_CONFIG_FILE";
 
 using namespace config_values;  // NOLINT(google-build-using-namespace): this file applies them
+using namespace key_table;      // NOLINT(google-build-using-namespace): the table it reads
 
 ConfigOrExit exit_with(std::string message) {
   ConfigOrExit out;
   out.message = std::move(message);
   out.exit_code = 0;
   return out;
-}
-
-// ---- The key table ----
-
-template <class T>
-Status assign(T& field, Result<T> parsed) {
-  if (!parsed) return std::move(parsed).error();
-  field = std::move(*parsed);
-  return {};
-}
-
-// One setting. Its name is the YAML key, the LMCACHE_CONTROLLER_<NAME> variable, the key=value
-// extra and the flag --<name-with-dashes>. LMCache's flag, where it differs (--port), is a second
-// flag, and its spelling (port) a second name in every source.
-struct Key {
-  std::string_view name;
-  std::string_view lmcache_flag;  // "" = none besides --<name>
-  std::string_view type_name;     // shown in --help
-  std::string_view default_text;  // shown in --help; "" = none
-  std::string_view help;
-  Status (*apply)(ControllerConfig&, const RawValue&);
-};
-
-constexpr std::array kKeys{
-    Key{"controller_host", "--host", "HOST", "0.0.0.0", "bind host of every socket, HTTP included",
-        [](ControllerConfig& c, const RawValue& v) {
-          return assign(c.controller_host, parse_string(v));
-        }},
-    Key{"controller_port", "--port", "PORT", "9000", "HTTP API port",
-        [](ControllerConfig& c, const RawValue& v) {
-          return assign(c.controller_port, parse_int(v));
-        }},
-    Key{"controller_monitor_ports", "--monitor-ports", "JSON",
-        R"({"pull": 8300, "reply": 8400, "heartbeat": 8082})",
-        R"(ZMQ ports; a port left out keeps its default; "heartbeat": null or < 0 disables the )"
-        "heartbeat socket",
-        [](ControllerConfig& c, const RawValue& v) {
-          return assign(c.controller_monitor_ports, parse_monitor_ports(v));
-        }},
-    Key{"monitor_port", "", "PORT", "none", "legacy: one extra PULL socket",
-        [](ControllerConfig& c, const RawValue& v) {
-          if (v.null) {  // YAML `monitor_port: ~` undoes an earlier setting
-            c.monitor_port.reset();
-            return Status{};
-          }
-          auto port = parse_int(v);
-          if (!port) return Status{std::move(port).error()};
-          c.monitor_port = *port;
-          return Status{};
-        }},
-    Key{"health_check_interval", "", "SECONDS", "5",
-        "reaper period; <= 0 turns the reaper off, else >= 1",
-        [](ControllerConfig& c, const RawValue& v) {
-          return assign(c.health_check_interval, parse_number(v));
-        }},
-    Key{"lmcache_worker_timeout", "", "SECONDS", "30",
-        "seconds without a heartbeat before a worker is reaped",
-        [](ControllerConfig& c, const RawValue& v) {
-          return assign(c.lmcache_worker_timeout, parse_number(v));
-        }},
-    Key{"controller_advertise_host", "--advertise-host", "HOST", "",
-        "host put in heartbeat_url; empty = derive from the bind host",
-        [](ControllerConfig& c, const RawValue& v) {
-          // YAML null means "not set", which for this key is the empty string (§3.2).
-          return v.null ? assign(c.controller_advertise_host, Result<std::string>(std::string()))
-                        : assign(c.controller_advertise_host, parse_string(v));
-        }},
-    // LMCache's extra_config; kvnode has no use for it but accepts files that set it.
-    Key{"extra_config", "", "JSON", "", "LMCache's extra settings: accepted and unused",
-        [](ControllerConfig&, const RawValue&) { return Status{}; }},
-    Key{"fanout_timeout", "", "SECONDS", "30",
-        "seconds each worker has to answer a fanned-out call",
-        [](ControllerConfig& c, const RawValue& v) {
-          return assign(c.fanout_timeout, parse_number(v));
-        }},
-    Key{"full_sync_threshold", "", "FRACTION", "0.8",
-        "global full-sync progress at which workers may leave freeze, in (0, 1]",
-        [](ControllerConfig& c, const RawValue& v) {
-          return assign(c.full_sync_threshold, parse_number(v));
-        }},
-    Key{"full_sync_timeout", "", "SECONDS", "300",
-        "seconds of silence before a syncing worker is marked failed",
-        [](ControllerConfig& c, const RawValue& v) {
-          return assign(c.full_sync_timeout, parse_number(v));
-        }},
-    Key{"max_workers", "", "N", "65536",
-        "registered workers beyond which registrations are refused",
-        [](ControllerConfig& c, const RawValue& v) { return assign(c.max_workers, parse_int(v)); }},
-    Key{"http_max_connections", "", "N", "4096",
-        "HTTP connections open at once; one more is answered 503 and closed",
-        [](ControllerConfig& c, const RawValue& v) {
-          return assign(c.http_max_connections, parse_int(v));
-        }},
-    Key{"http_max_body_mb", "", "MIB", "64", "MiB of one HTTP request body; a larger one is 413",
-        [](ControllerConfig& c, const RawValue& v) {
-          return assign(c.http_max_body_mb, parse_int(v));
-        }},
-    Key{"http_max_bodies_mb", "", "MIB", "256",
-        "MiB of HTTP request bodies being read at once; a body beyond is 503",
-        [](ControllerConfig& c, const RawValue& v) {
-          return assign(c.http_max_bodies_mb, parse_int(v));
-        }},
-    Key{"log_level", "", "LEVEL", "info", "trace, debug, info, warn, error, critical or off",
-        [](ControllerConfig& c, const RawValue& v) {
-          return assign(c.log_level, parse_string(v));
-        }},
-    Key{"chunk_size", "", "TOKENS", "256", "tokens per chunk when /lookup hashes tokens",
-        [](ControllerConfig& c, const RawValue& v) {
-          return assign(c.hashing.chunk_size, parse_chunk_size(v));
-        }},
-    Key{"hash_init", "", "INT", "0", "h[-1] of the chunk-hash chain",
-        [](ControllerConfig& c, const RawValue& v) {
-          return assign(c.hashing.init_hash, parse_hash_init(v));
-        }},
-    Key{"none_hash", "", "INT", "py312",
-        "hash(None) of the workers' Python: an integer, py312 or debian-py311",
-        [](ControllerConfig& c, const RawValue& v) {
-          return assign(c.hashing.none_hash, parse_none_hash(v));
-        }},
-};
-
-std::string dashed(std::string_view name) {
-  std::string flag = "--";
-  for (const char ch : name) flag += ch == '_' ? '-' : ch;
-  return flag;
-}
-
-// LMCache's other spelling of a key (port for controller_port), or "" when it has none.
-std::string alias_of(const Key& key) {
-  if (key.lmcache_flag.empty()) return "";
-  std::string alias;
-  for (const char ch : key.lmcache_flag.substr(2)) alias += ch == '-' ? '_' : ch;
-  return alias == key.name ? "" : alias;
-}
-
-// Every name a key may be given by, for "did you mean" hints.
-std::vector<std::string> all_names() {
-  std::vector<std::string> names;
-  for (const Key& key : kKeys) {
-    names.emplace_back(key.name);
-    if (std::string alias = alias_of(key); !alias.empty()) names.push_back(std::move(alias));
-  }
-  return names;
-}
-
-const Key* find_key(std::string_view name) {
-  const auto it = std::find_if(kKeys.begin(), kKeys.end(),
-                               [&](const Key& k) { return k.name == name || alias_of(k) == name; });
-  return it == kKeys.end() ? nullptr : &*it;
 }
 
 // Applies one value; an error reads "<label>: <problem>".
@@ -236,18 +90,8 @@ RawValue raw_from_yaml(const YAML::Node& node) {
   return structured_value(yaml_to_json(node));
 }
 
-Result<YAML::Node> load_yaml(const std::string& path) {
-  try {
-    return YAML::LoadFile(path);
-  } catch (const YAML::BadFile&) {
-    return make_error(path + ": cannot read the config file");
-  } catch (const YAML::Exception& e) {
-    return make_error(path + ": " + e.what());
-  }
-}
-
 Status apply_yaml_file(ControllerConfig& config, const std::string& path) {
-  auto root = load_yaml(path);
+  auto root = load_yaml_file(path);
   if (!root) return std::move(root).error();
   if (root->IsNull()) return {};  // an empty file sets nothing
   if (!root->IsMap()) return make_error(path + ": expected a mapping of config keys");
@@ -276,20 +120,34 @@ std::string env_name(std::string_view key) {
 }
 
 // Kubernetes puts LMCACHE_CONTROLLER_PORT=tcp://10.0.0.1:9000 into every pod of a namespace with
-// a Service named lmcache-controller: a service link, not a setting.
+// a Service named lmcache-controller (LMCACHE_CONTROLLER_MONITOR_PORT for one named
+// lmcache-controller-monitor, ...): a service link, not a setting.
 bool is_service_link(const std::string& value) {
   return value.starts_with("tcp://") || value.starts_with("udp://");
+}
+
+bool takes_ports(const Key& key) {
+  return key.type_name == "PORT" || key.name == "controller_monitor_ports";
+}
+
+// A variable's value, or nothing for a service link where a port is meant, or (an alias, which
+// Kubernetes or a template may leave empty) for an empty value.
+std::optional<std::string> env_value(const EnvLookup& env, const Key& key, const std::string& name,
+                                     bool empty_is_unset) {
+  std::optional<std::string> value = env(name);
+  if (value && takes_ports(key) && is_service_link(*value)) return std::nullopt;
+  if (value && empty_is_unset && value->empty()) return std::nullopt;
+  return value;
 }
 
 Status apply_env(ControllerConfig& config, const EnvLookup& env) {
   for (const Key& key : kKeys) {
     const std::string name = env_name(key.name);
-    std::optional<std::string> value = env(name);
+    std::optional<std::string> value = env_value(env, key, name, false);
     std::string source = name;
     if (const std::string alias = alias_of(key); !alias.empty()) {
       const std::string alias_name = env_name(alias);
-      std::optional<std::string> alias_value = env(alias_name);
-      if (alias_value && is_service_link(*alias_value)) alias_value.reset();
+      std::optional<std::string> alias_value = env_value(env, key, alias_name, true);
       if (alias_value && value && *alias_value != *value)
         return make_error(alias_name + " and " + name + " disagree ('" + *alias_value + "' and '" +
                           *value + "'); set one");
@@ -320,7 +178,8 @@ struct CommandLine {
 std::string help_of(const Key& key) {
   std::string help = std::string(key.help) + " (key " + std::string(key.name);
   if (const std::string alias = alias_of(key); !alias.empty()) help += ", also " + alias;
-  if (!key.default_text.empty()) help += ", default " + std::string(key.default_text);
+  if (const std::string shown = key.shown(ControllerConfig{}); !shown.empty())
+    help += ", default " + shown;
   return help + ")";
 }
 
@@ -331,11 +190,39 @@ std::string flags_of(const Key& key) {
   return std::string(key.lmcache_flag) + "," + own;
 }
 
-std::vector<std::string> flag_names(const CLI::App& app) {
-  std::vector<std::string> flags;
-  for (const CLI::Option* o : app.get_options())
-    for (const std::string& name : o->get_lnames()) flags.push_back("--" + name);
-  return flags;
+// LMCache's lmcache_controller takes `--<key>=value` for any key (its extra parameters with the
+// dashes stripped): the key=value extra it names, when it names one.
+std::optional<std::string> dashed_extra(const std::string& arg) {
+  const auto eq = arg.find('=');
+  if (!arg.starts_with("--") || eq == std::string::npos) return std::nullopt;
+  if (!find_key(std::string_view(arg).substr(2, eq - 2))) return std::nullopt;
+  return arg.substr(2);
+}
+
+// Both spellings of one setting on the command line (--port 1 --controller-port 2) must agree,
+// as they must in the environment; CLI11 folds them into one option, so they are told apart here.
+Status check_flag_spellings(const std::vector<std::string>& argv) {
+  for (const Key& key : kKeys) {
+    const std::string own = dashed(key.name);
+    if (key.lmcache_flag.empty() || key.lmcache_flag == own) continue;
+    std::vector<std::pair<std::string, std::string>> given;  // spelling, value
+    for (std::size_t i = 1; i < argv.size() && argv[i] != "--"; ++i)
+      for (const std::string flag : {std::string(key.lmcache_flag), own}) {
+        if (argv[i] == flag && i + 1 < argv.size())
+          given.emplace_back(flag, argv[++i]);
+        else if (argv[i].starts_with(flag + "="))
+          given.emplace_back(flag, argv[i].substr(flag.size() + 1));
+        else
+          continue;
+        break;
+      }
+    for (const auto& [spelling, value] : given)
+      for (const auto& [other, other_value] : given)
+        if (spelling != other && value != other_value)
+          return make_error(spelling + " " + value + " and " + other + " " + other_value +
+                            " both set " + std::string(key.name) + "; give one");
+  }
+  return {};
 }
 
 Result<CommandLine> parse_command_line(const std::vector<std::string>& argv) {
@@ -377,9 +264,13 @@ Result<CommandLine> parse_command_line(const std::vector<std::string>& argv) {
   } catch (const CLI::ParseError& e) {
     return make_error(std::string(e.what()) + "; see kvcontroller --help");
   }
-  if (!app.remaining().empty())
-    return make_error(
-        unknown_argument_message(app.remaining().front(), flag_names(app), "kvcontroller"));
+  for (const std::string& arg : app.remaining()) {
+    std::optional<std::string> extra = dashed_extra(arg);
+    if (!extra)
+      return make_error(unknown_argument_message(arg, long_flag_names(app), "kvcontroller"));
+    line.extras.push_back(std::move(*extra));
+  }
+  if (auto status = check_flag_spellings(argv); !status) return std::move(status).error();
   for (std::size_t i = 0; i < kKeys.size(); ++i)
     if (options[i]->count() > 0) line.flag_values[i] = texts[i];
   if (config_option->count() > 0) line.config_file = config_file;
@@ -397,7 +288,9 @@ Status apply_flags(ControllerConfig& config, const CommandLine& line) {
   return {};
 }
 
+// key=value extras; two spellings of one setting must agree (one spelling given twice: the last).
 Status apply_extras(ControllerConfig& config, const std::vector<std::string>& extras) {
+  std::vector<std::pair<const Key*, std::string>> given;  // a key and the extra that set it
   for (const auto& extra : extras) {
     const std::string label = "extra " + single_quoted(extra);
     const auto eq = extra.find('=');
@@ -405,6 +298,12 @@ Status apply_extras(ControllerConfig& config, const std::vector<std::string>& ex
     const std::string name = extra.substr(0, eq);
     const Key* key = find_key(name);
     if (!key) return make_error(label + ": " + unknown_name_message("key", name, all_names()));
+    for (const auto& [earlier_key, earlier] : given)
+      if (earlier_key == key && earlier.substr(0, earlier.find('=')) != name &&
+          earlier.substr(earlier.find('=') + 1) != extra.substr(eq + 1))
+        return make_error("extras " + single_quoted(earlier) + " and " + single_quoted(extra) +
+                          " both set " + std::string(key->name) + "; give one");
+    given.emplace_back(key, extra);
     if (auto status = apply(*key, config, text_value(extra.substr(eq + 1)), label); !status)
       return status;
   }
@@ -538,6 +437,12 @@ std::vector<std::string> config_keys() {
   std::vector<std::string> keys;
   for (const Key& key : kKeys) keys.emplace_back(key.name);
   return keys;
+}
+
+std::vector<std::pair<std::string, std::string>> shown_settings(const ControllerConfig& config) {
+  std::vector<std::pair<std::string, std::string>> shown;
+  for (const Key& key : kKeys) shown.emplace_back(key.name, key.shown(config));
+  return shown;
 }
 
 Status validate(const ControllerConfig& config) {

@@ -5,75 +5,17 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdlib>
 #include <map>
 #include <string>
 #include <vector>
 
-#include "support/process.hpp"
+#include "config_support.hpp"
 
 namespace kvnode::controller {
 namespace {
 
-using EnvMap = std::map<std::string, std::string>;
-
-EnvLookup env_of(EnvMap vars) {
-  return [vars = std::move(vars)](const std::string& name) -> std::optional<std::string> {
-    const auto it = vars.find(name);
-    if (it == vars.end()) return std::nullopt;
-    return it->second;
-  };
-}
-
-Result<ConfigOrExit> load(std::vector<std::string> args, EnvMap env = {}) {
-  args.insert(args.begin(), "kvcontroller");
-  return load_config(args, env_of(std::move(env)));
-}
-
-// The config of a command line that must load; fails the test otherwise.
-ControllerConfig loaded(std::vector<std::string> args, EnvMap env = {}) {
-  auto result = load(std::move(args), std::move(env));
-  if (!result) {
-    ADD_FAILURE() << "unexpected error: " << result.error().message;
-    return {};
-  }
-  if (!result->config) {
-    ADD_FAILURE() << "unexpected exit: " << result->message;
-    return {};
-  }
-  return *result->config;
-}
-
-// The error message of a command line that must fail ("" and a test failure if it loads).
-std::string error_of(std::vector<std::string> args, EnvMap env = {}) {
-  auto result = load(std::move(args), std::move(env));
-  if (result) {
-    ADD_FAILURE() << "expected an error";
-    return "";
-  }
-  return result.error().message;
-}
-
-// A YAML file that lives as long as the object.
-class TempYaml {
- public:
-  explicit TempYaml(const std::string& text) {
-    char name[] = "/tmp/kvcontroller-config-XXXXXX";
-    const int fd = mkstemp(name);
-    path_ = name;
-    EXPECT_GE(fd, 0);
-    EXPECT_EQ(write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
-    close(fd);
-  }
-  ~TempYaml() { unlink(path_.c_str()); }
-  TempYaml(const TempYaml&) = delete;
-  TempYaml& operator=(const TempYaml&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using namespace config_test;  // NOLINT(google-build-using-namespace): the shared helpers
 
 // ---- Defaults ----
 
@@ -609,88 +551,6 @@ TEST(ConfigValidate, ChunkSizeHostAndLogLevel) {
   EXPECT_EQ(
       error_of({"--log-level", "verbose"}),
       "log_level: expected one of trace, debug, info, warn, error, critical, off, got 'verbose'");
-}
-
-// ---- The kvcontroller binary (only paths that exit before Controller::start) ----
-
-TEST(KvcontrollerProcess, HelpExitsZero) {
-  const auto r = test::run_process({KVCONTROLLER_PATH, "--help"}, "", std::chrono::seconds(30));
-  EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find("--monitor-ports"), std::string::npos);
-}
-
-TEST(KvcontrollerProcess, BadFlagValueExitsTwo) {
-  const auto r =
-      test::run_process({KVCONTROLLER_PATH, "--port", "abc"}, "", std::chrono::seconds(30));
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_EQ(r.err, "kvcontroller: --port: expected an integer, got 'abc'\n");
-  EXPECT_EQ(r.out, "");
-}
-
-TEST(KvcontrollerProcess, UnknownFlagExitsTwo) {
-  const auto r = test::run_process({KVCONTROLLER_PATH, "--bogus"}, "", std::chrono::seconds(30));
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.err.find("--bogus"), std::string::npos) << r.err;
-}
-
-// ---- One name per setting (issue 19 item 14) ----
-
-// LMCache's spellings (its flag names: port, host, monitor_ports, advertise_host) set the same
-// setting as the key in every source, and each key is also a flag named after it.
-TEST(ConfigNames, LmcacheSpellingsWorkInEverySource) {
-  EXPECT_EQ(loaded({"port=9101"}).controller_port, 9101);
-  EXPECT_EQ(loaded({}, {{"LMCACHE_CONTROLLER_PORT", "9102"}}).controller_port, 9102);
-  const TempYaml file("port: 9103\nhost: 10.0.0.1\nadvertise_host: ctl\n");
-  const ControllerConfig from_file = loaded({"--config", file.path()});
-  EXPECT_EQ(from_file.controller_port, 9103);
-  EXPECT_EQ(from_file.controller_host, "10.0.0.1");
-  EXPECT_EQ(from_file.controller_advertise_host, "ctl");
-  EXPECT_EQ(loaded({"--controller-port", "9104"}).controller_port, 9104);
-  EXPECT_EQ(loaded({"monitor_ports={\"pull\": 7, \"reply\": 8}"}).controller_monitor_ports.pull, 7);
-  EXPECT_EQ(loaded({}, {{"LMCACHE_CONTROLLER_HOST", "10.0.0.2"}}).controller_host, "10.0.0.2");
-  EXPECT_EQ(loaded({"--max-workers", "5"}).max_workers, 5);
-}
-
-TEST(ConfigNames, TwoSpellingsOfOneSettingMustAgree) {
-  EXPECT_EQ(loaded({}, {{"LMCACHE_CONTROLLER_PORT", "9105"},
-                        {"LMCACHE_CONTROLLER_CONTROLLER_PORT", "9105"}})
-                .controller_port,
-            9105);
-  EXPECT_EQ(error_of({}, {{"LMCACHE_CONTROLLER_PORT", "1"},
-                          {"LMCACHE_CONTROLLER_CONTROLLER_PORT", "2"}}),
-            "LMCACHE_CONTROLLER_PORT and LMCACHE_CONTROLLER_CONTROLLER_PORT disagree ('1' and "
-            "'2'); set one");
-  const TempYaml both("controller_port: 1\nport: 1\n");
-  EXPECT_EQ(error_of({"--config", both.path()}),
-            both.path() + ": 'controller_port' and 'port' both set controller_port; keep one");
-}
-
-// A Service named lmcache-controller makes Kubernetes set LMCACHE_CONTROLLER_PORT=tcp://...
-TEST(ConfigNames, KubernetesServiceLinksAreNotPorts) {
-  EXPECT_EQ(loaded({}, {{"LMCACHE_CONTROLLER_PORT", "tcp://10.96.0.7:9000"}}).controller_port,
-            9000);
-}
-
-TEST(ConfigNames, HelpShowsEveryKeyWithItsDefault) {
-  auto result = load({"--help"});
-  ASSERT_TRUE(result.ok());
-  for (const char* shown :
-       {"(key controller_port, also port, default 9000)", "--port,--controller-port PORT",
-        "(key lmcache_worker_timeout, default 30)", "(key none_hash, default py312)",
-        "(key max_workers, default 65536)", "(key log_level, default info)"})
-    EXPECT_NE(result->message.find(shown), std::string::npos) << shown << "\n"
-                                                              << result->message;
-}
-
-TEST(KvcontrollerProcess, UnknownFlagNamesTheNearestAndTheHelp) {
-  const auto r = test::run_process({KVCONTROLLER_PATH, "--prot", "1"}, "", std::chrono::seconds(30));
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_EQ(r.err,
-            "kvcontroller: unknown flag '--prot' (did you mean '--port'?); see kvcontroller "
-            "--help\n");
-  const auto extra = test::run_process({KVCONTROLLER_PATH, "port=abc"}, "", std::chrono::seconds(30));
-  EXPECT_EQ(extra.exit_code, 2);
-  EXPECT_EQ(extra.err, "kvcontroller: extra 'port=abc': expected an integer, got 'abc'\n");
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvnode/common/result.hpp"
@@ -61,6 +62,10 @@ Result<ConfigOrExit> load_config(const std::vector<std::string>& argv, const Env
 
 // Every setting's key (its one name in every source), in --help's order: for the docs' tests.
 std::vector<std::string> config_keys();
+
+// Each key and its value in `config` as a key=value extra would spell it ("" = unset); --help's
+// defaults are shown_settings(ControllerConfig{}).
+std::vector<std::pair<std::string, std::string>> shown_settings(const ControllerConfig& config);
 
 // Rejects out-of-range values (ports outside 0..65535, negative timeouts, threshold outside
 // (0,1], chunk_size 0, health_check_interval in (0,1)).
