@@ -326,7 +326,7 @@ void expect_known_node_keys(const std::string& yaml, const std::string& where) {
                                                 << kv.first.Scalar() << "'";
 }
 
-// GET paths a program serves: the controller's get("...") routes, the node's http.Get("...").
+// GET paths a program serves: the controller's get("...") routes, the node's http->get("...").
 std::set<std::string> get_paths(const fs::path& source, const std::string& re) {
   const auto paths = captures(read_text(source), re);
   return {paths.begin(), paths.end()};
@@ -337,7 +337,7 @@ std::set<std::string> controller_get_paths() {
 }
 
 std::set<std::string> node_get_paths() {
-  return get_paths(kSource / "node/src/daemon.cpp", R"re(http\.Get\("([^"]+)")re");
+  return get_paths(kSource / "node/src/daemon.cpp", R"re(http->get\("([^"]+)")re");
 }
 
 std::string namespace_of_base() {
