@@ -44,7 +44,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: transfer_test_peer PORT_FILE PAGE_BYTES PAGES [PORT [SEED]]\n");
     return 2;
   }
-  transfer::prefer_port_reuse();  // restarted on the same port by the fault tests
   gpu::PoolOptions options;
   options.page_bytes = number(argv[2], 1ul << 31);
   options.pages = number(argv[3], 1u << 20);

@@ -482,6 +482,27 @@ TEST(HostilePeer, ABadRkeyOrAForeignChunkSizeRefusesTheSession) {
   EXPECT_NE(r.message.find("expected host:port"), std::string::npos) << r.message;
 }
 
+// Each accepted session costs a UCX worker: past max_sessions a hello is refused with a reason,
+// and the peers already in session are served as before.
+TEST(Plane, HellosBeyondTheSessionCapAreRefused) {
+  gpu::ChunkPool server_pool = make_pool(4096, 4, 1);
+  gpu::ChunkPool a_pool = make_pool(4096, 4, 2);
+  gpu::ChunkPool b_pool = make_pool(4096, 4, 3);
+  PlaneOptions capped = plane_over_tcp();
+  capped.max_sessions = 1;
+  auto server = must(TransferPlane::start(capped, server_pool));
+  auto a = must(TransferPlane::start(plane_over_tcp(), a_pool));
+  auto b = must(TransferPlane::start(plane_over_tcp(), b_pool));
+  TransferResult r = a->pull(server->url(), {{0, 0}}).get();
+  ASSERT_TRUE(r.ok()) << r.message;
+  r = b->pull(server->url(), {{0, 1}}).get();
+  EXPECT_EQ(r.failure, Failure::kConnect);
+  EXPECT_NE(r.message.find("too many sessions"), std::string::npos) << r.message;
+  r = a->pull(server->url(), {{1, 2}}).get();
+  EXPECT_TRUE(r.ok()) << r.message;
+  EXPECT_EQ(test::check_pattern(a_pool.page(1), 4096, 1, 2), 4096u);
+}
+
 TEST(Plane, CancelAndShutdownEndEveryTransfer) {
   gpu::ChunkPool pool = make_pool(4096, 4, 1);
   auto plane = must(TransferPlane::start(plane_over_tcp(), pool));

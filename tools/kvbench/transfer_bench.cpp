@@ -146,7 +146,6 @@ std::vector<PointResult> run_group(const GroupSpec& g) {
 }
 
 int serve(const std::string& port_file, std::size_t chunk_bytes, std::size_t pages, bool stage) {
-  transfer::prefer_port_reuse();
   gpu::PoolOptions po;
   po.page_bytes = chunk_bytes;
   po.pages = pages;

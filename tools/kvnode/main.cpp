@@ -7,7 +7,6 @@
 
 #include "kvnode/common/allocator.hpp"
 #include "kvnode/node/daemon.hpp"
-#include "kvnode/transfer/plane.hpp"
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv, argv + argc);
@@ -24,7 +23,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kvnode: warning: %s\n", warning.c_str());
   spdlog::set_level(spdlog::level::from_str(parsed->config->log_level));
   kvnode::keep_freed_memory();
-  kvnode::transfer::prefer_port_reuse();  // before any thread: a restart gets its port back
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);

@@ -12,7 +12,7 @@
 namespace kvnode::transfer {
 namespace {
 
-// A peer whose host vanishes (no FIN) is noticed after about idle + interval * count seconds.
+// A peer whose host vanishes (no FIN) is noticed after about idle + interval * count = 11 s.
 constexpr int kKeepIdleS = 5;
 constexpr int kKeepIntervalS = 2;
 constexpr int kKeepCount = 3;
@@ -70,6 +70,15 @@ std::vector<std::uint64_t> Epoll::ready() {
   return keys;
 }
 
+void tune_link_socket(int fd) {
+  const int one = 1;
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  (void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &kKeepIdleS, sizeof(kKeepIdleS));
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &kKeepIntervalS, sizeof(kKeepIntervalS));
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &kKeepCount, sizeof(kKeepCount));
+}
+
 Result<SocketAddress> parse_address(const std::string& host, std::uint16_t port) {
   SocketAddress a;
   auto* v4 = reinterpret_cast<sockaddr_in*>(&a.storage);
@@ -105,14 +114,10 @@ Result<ControlLink> ControlLink::dial(const std::string& host, std::uint16_t por
   if (!addr) return make_error("dial " + where + ": " + addr.error().message);
   UniqueFd fd(::socket(addr->storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return make_error("dial " + where + ": socket: " + errno_text(errno));
-  const int one = 1;
-  (void)setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  (void)setsockopt(fd.get(), SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
-  (void)setsockopt(fd.get(), IPPROTO_TCP, TCP_KEEPIDLE, &kKeepIdleS, sizeof(kKeepIdleS));
-  (void)setsockopt(fd.get(), IPPROTO_TCP, TCP_KEEPINTVL, &kKeepIntervalS, sizeof(kKeepIntervalS));
-  (void)setsockopt(fd.get(), IPPROTO_TCP, TCP_KEEPCNT, &kKeepCount, sizeof(kKeepCount));
+  tune_link_socket(fd.get());
+  // EINTR: the connect goes on in the background, as with EINPROGRESS; pump() reports its end.
   if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr->storage), addr->length) != 0 &&
-      errno != EINPROGRESS)
+      errno != EINPROGRESS && errno != EINTR)
     return make_error("dial " + where + ": " + errno_text(errno));
   ControlLink link(std::move(fd));
   link.send(hello);
@@ -155,7 +160,6 @@ Status ControlLink::read_some() {
     const ssize_t n = ::recv(fd_.get(), into, want, MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return {};
-      if (errno == ENOTCONN) return {};  // still connecting
       return make_error(errno_text(errno));
     }
     if (n == 0)

@@ -98,6 +98,8 @@ std::size_t Listener::pending() const {
 unsigned Listener::progress() {
   unsigned n = 0;
   const auto now = Clock::now();
+  // The reserve is lost when another thread took its number before it was reopened: get it back.
+  if (!reserve_.valid()) reserve_ = open_reserve();
   if (paused_ && now >= resume_at_) {
     paused_ = false;
     epoll_.add(socket_.get(), EPOLLIN, kSocketKey);
@@ -136,8 +138,7 @@ unsigned Listener::accept_all() {
       ++counters_.refused;
       continue;  // closed here: a flood of silent connections holds at most max_pending
     }
-    const int one = 1;
-    (void)setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    tune_link_socket(fd.get());
     const LinkId id = next_id_++;
     Conn& c =
         conns_.emplace(id, Conn{ControlLink(std::move(fd)), Clock::now() + limits_.hello_timeout})

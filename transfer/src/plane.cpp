@@ -6,8 +6,10 @@
 #include <spdlog/spdlog.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <deque>
@@ -53,9 +55,18 @@ const char* to_string(Failure f) {
   return "?";
 }
 
-void prefer_port_reuse() { setenv("UCX_TCP_CM_REUSEADDR", "y", /*overwrite=*/0); }
-
 namespace {
+
+// Accepted sessions hold at most this share of the process's descriptors (a UCX worker costs
+// several), so peers' hellos cannot starve the rest of the node of them.
+constexpr rlim_t kSessionShareOfDescriptors = 8;
+
+std::size_t session_cap(std::size_t wanted) {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return wanted;
+  return std::max<std::size_t>(
+      1, std::min<std::size_t>(wanted, limit.rlim_cur / kSessionShareOfDescriptors));
+}
 
 Result<std::pair<std::string, std::uint16_t>> split_url(const std::string& url) {
   const auto colon = url.rfind(':');
@@ -200,6 +211,7 @@ Status TransferPlane::Impl::start_staging() {
 
 Status TransferPlane::Impl::init() {
   ask_handler_ = options_.on_ask;
+  options_.max_sessions = session_cap(options_.max_sessions);
   if (memory_kind_ == gpu::MemoryKind::kDevice || options_.stage_through_host) {
     if (Status s = start_staging(); !s) return s;
   }
@@ -586,6 +598,12 @@ ListenerAnswer TransferPlane::Impl::answer(const ucx::Bytes& hello, LinkId link)
     return {encode_refusal(peer.error().message), false};
   }
   const std::string name = peer->node.empty() ? "unnamed peer" : peer->node;
+  if (acceptors_.size() >= options_.max_sessions) {
+    const std::string why = "too many sessions: this node serves at most " +
+                            std::to_string(options_.max_sessions) + " peers at once";
+    spdlog::warn("transfer plane: refused {}: {}", name, why);
+    return {encode_refusal(why), false};
+  }
   Result<std::unique_ptr<Session>> session =
       Session::create(*context_, Session::Role::kAcceptor, name, pool_, options_.protocol, staging());
   if (!session) return {encode_refusal(session.error().message), false};

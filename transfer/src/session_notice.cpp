@@ -29,9 +29,11 @@ void Session::notify(unsigned am_id, Xfer& x) {
 
 ucs_status_t Session::noticed(bool written, const void* header, std::size_t header_length,
                               const void* data, std::size_t length, const ucp_am_recv_param_t* p) {
+  // Only the side that serves its pool hears notices: an initiator's pages are its own business,
+  // and a peer must not inflate our served bytes or mark our chunks through a session we opened.
   const auto h = wire::read<wire::PullRequest>(header, header_length);
-  if (!h || (p->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || h->count > wire::kMaxRunsPerMessage ||
-      length != h->count * sizeof(wire::RunRequest)) {
+  if (role_ != Role::kAcceptor || !h || (p->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ||
+      h->count > wire::kMaxRunsPerMessage || length != h->count * sizeof(wire::RunRequest)) {
     ++serve_.rejected;
     return UCS_OK;
   }

@@ -74,6 +74,10 @@ struct SocketAddress {
 };
 Result<SocketAddress> parse_address(const std::string& host, std::uint16_t port);
 
+// Both ends of a link: no Nagle delay for the small frames, and tcp keepalive (about 11 s) so a
+// peer whose host vanishes without a FIN ends the session on either side, not never.
+void tune_link_socket(int fd);
+
 // The 12-byte frame header for a body of `length` bytes.
 LinkBytes frame_header(std::size_t length, std::uint16_t version = kLinkVersion);
 

@@ -32,18 +32,16 @@ enum class Protocol { kAuto, kRma, kActiveMessage };
 const char* to_string(Protocol p);
 Result<Protocol> parse_protocol(const std::string& text);  // "auto", "rma", "am"
 
-// A restarted node wants its port back while old connections sit in TIME_WAIT; UCX 1.13 reads
-// that setting (UCX_TCP_CM_REUSEADDR) only from the environment, so a binary's main() calls this
-// before anything starts threads. Leaves an operator's explicit setting alone.
-void prefer_port_reuse();
-
 struct PlaneOptions {
-  std::string host = "127.0.0.1";  // where the listener binds (the peer_init_url host)
-  std::uint16_t port = 0;          // 0: a free port, see TransferPlane::url()
+  std::string host = "127.0.0.1";          // where the listener binds (the peer_init_url host)
+  std::uint16_t port = 0;                  // 0: a free port, see TransferPlane::url()
   std::optional<std::string> tls;          // UCX_TLS; unset: the environment, else UCX's choice
   std::optional<std::string> net_devices;  // UCX_NET_DEVICES, e.g. "mlx5_0:1" or "lo"
   Protocol protocol = Protocol::kAuto;
   std::chrono::milliseconds default_deadline{10'000};
+  // Sessions peers may hold open with this plane at once (each costs a UCX worker and a few
+  // descriptors); hellos beyond it are refused. Capped at an eighth of ulimit -n.
+  std::size_t max_sessions = 256;
   // How long the progress thread busy-polls after the last event before sleeping on UCX's
   // wake-up fd: latency against idle CPU.
   std::chrono::microseconds spin{200};
@@ -84,7 +82,7 @@ const char* to_string(Failure f);
 struct TransferStats {
   std::uint64_t bytes = 0;  // moved, counting only chunks done
   std::uint32_t chunks = 0;
-  std::uint32_t ops = 0;    // UCX operations posted after coalescing
+  std::uint32_t ops = 0;                 // UCX operations posted after coalescing
   std::chrono::nanoseconds queued{0};    // submit -> posted (includes connecting)
   std::chrono::nanoseconds post{0};      // time spent posting
   std::chrono::nanoseconds complete{0};  // submit -> reported
@@ -110,7 +108,7 @@ struct PlaneCounters {
   std::uint64_t transfers_failed = 0;
   std::uint64_t bytes_pulled = 0;
   std::uint64_t bytes_pushed = 0;
-  std::uint64_t bytes_served = 0;   // read from or written to our pool by peers (AM and RMA)
+  std::uint64_t bytes_served = 0;  // read from or written to our pool by peers (AM and RMA)
   std::uint64_t sessions_opened = 0;
   std::uint64_t sessions_reset = 0;
   std::uint64_t requests_rejected = 0;  // peers' requests refused (bad pages, bad lengths)
