@@ -426,6 +426,87 @@ TEST(HostilePeer, RequestsOutsideThePoolAreRejectedAndAnswered) {
   EXPECT_GE(plane->counters().requests_rejected, 4u);
 }
 
+// Notices (bytes read, pages written) count only on sessions peers opened to this node: a peer
+// this node dialed cannot inflate its served bytes or mark its pages written.
+TEST(HostilePeer, NoticesOnASessionThisNodeOpenedAreIgnored) {
+  constexpr std::size_t kPageBytes = 4096;
+  gpu::ChunkPool pool = make_pool(kPageBytes, 8, 1);
+  std::atomic<std::size_t> written{0};
+  PlaneOptions options = plane_over_tcp();
+  options.on_written = [&](const std::string&, const std::vector<gpu::PageId>& pages) {
+    written += pages.size();
+  };
+  auto plane = must(TransferPlane::start(options, pool));
+
+  // A fake peer the plane dials: it learns the plane's session worker from the hello.
+  const ucx::Context ctx = must(ucx::Context::create(loopback_tcp()));
+  const ucx::Worker worker = must(ucx::Worker::create(ctx));
+  std::vector<std::byte> mine(kPageBytes);
+  const ucx::Registration reg = must(ucx::Registration::map(ctx, mine.data(), mine.size()));
+  PeerDescriptor me;
+  me.node = "hostile";
+  me.worker_address = must(worker.address());
+  me.rkey = must(reg.packed_rkey());
+  me.base = reinterpret_cast<std::uint64_t>(mine.data());
+  me.page_bytes = kPageBytes;
+  me.pages = 1;
+  std::mutex mutex;
+  std::optional<PeerDescriptor> hello;
+  ListenerHooks hooks;
+  hooks.answer = [&](const LinkBytes& body, LinkId) {
+    std::lock_guard lock(mutex);
+    hello = must(decode_descriptor(body));
+    return ListenerAnswer{encode(me), true};
+  };
+  auto listener = must(Listener::bind("127.0.0.1", 0, std::move(hooks)));
+  std::atomic<bool> stop{false};
+  std::thread accepting([&] {
+    while (!stop) listener->progress();
+  });
+  Answer asked, answered;
+  set_handler(worker, wire::kAsk, &asked);
+  set_handler(worker, wire::kAnswer, &answered);
+  const std::string url = "127.0.0.1:" + std::to_string(listener->port());
+  auto open = plane->ask(url, {std::byte{1}}, {std::chrono::milliseconds(20'000)});
+  auto wait_for = [&](Answer& a) {
+    for (auto until = Clock::now() + 10s; !a.received && Clock::now() < until;) worker.progress();
+    return a.received;
+  };
+  ASSERT_TRUE(wait_for(asked));  // the plane's session is open
+  std::optional<PeerDescriptor> plane_session;
+  {
+    std::lock_guard lock(mutex);
+    plane_session = hello;
+  }
+  ASSERT_TRUE(plane_session);
+  const ucx::Endpoint ep = must(ucx::Endpoint::connect(worker, plane_session->worker_address));
+  auto send = [&](unsigned id, const void* header, std::size_t hl, const void* body, std::size_t bl) {
+    ucp_request_param_t param{};
+    const Status sent = worker.wait(ucp_am_send_nbx(ep.get(), id, header, hl, body, bl, &param),
+                                    Clock::now() + 10s, "send");
+    ASSERT_TRUE(sent) << "am " << id << ": " << sent.error().message;
+  };
+  const wire::PullRequest notice{1, 1};
+  const wire::RunRequest whole_pool{0, 0, 8};
+  for (int i = 0; i < 4; ++i) {
+    send(wire::kRead, &notice, sizeof(notice), &whole_pool, sizeof(whole_pool));
+    send(wire::kWritten, &notice, sizeof(notice), &whole_pool, sizeof(whole_pool));
+  }
+  // Two asks answered after the notices (same endpoint, in order): the plane has handled the
+  // notices and folded its counters by the second answer.
+  for (std::uint64_t id : {7u, 8u}) {
+    answered = {};
+    const wire::AskHeader ask{id, 0, 0};
+    send(wire::kAsk, &ask, sizeof(ask), nullptr, 0);
+    ASSERT_TRUE(wait_for(answered));
+  }
+  EXPECT_EQ(plane->counters().bytes_served, 0u);
+  EXPECT_EQ(written.load(), 0u);
+  plane.reset();
+  stop = true;
+  accepting.join();
+}
+
 // A listener that answers every hello with a fixed descriptor, progressed by its own thread.
 class FakePeer {
  public:
