@@ -21,6 +21,8 @@ struct NodeProcessOptions {
   std::string p2p_host = "127.0.0.1";
   std::string gigabytes = "0.01";  // the pool: 0.01 GB of 256 KiB chunks
   std::vector<std::string> extra;
+  // Runs kvnode under this command, e.g. {"/usr/bin/prlimit", "--nofile=80:80", "--"}.
+  std::vector<std::string> launcher;
 };
 
 // `tag` makes the instance id and the local socket unique to this test process.
@@ -64,6 +66,7 @@ class NodeProcess {
                                      "--ucx-net-devices",
                                      "lo"};
     args.insert(args.end(), o.extra.begin(), o.extra.end());
+    args.insert(args.begin(), o.launcher.begin(), o.launcher.end());
     process_ = std::make_unique<test::ChildProcess>(args);
   }
   // Its local socket is up (kvctl put waits out the start-up full sync itself).
@@ -77,6 +80,8 @@ class NodeProcess {
   int worker_port() const { return ports_[0]; }
   int p2p_port() const { return ports_[1]; }
   std::string log() const { return process_->output(); }
+  bool running() { return process_->running(); }
+  std::string describe_exit() { return process_->describe_exit(); }
 
  private:
   std::string instance_, socket_;

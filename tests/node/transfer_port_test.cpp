@@ -13,14 +13,17 @@
 #include <random>
 #include <sstream>
 
+#include "node_process.hpp"
 #include "node_rig.hpp"
 #include "support/child_process.hpp"
 #include "support/process.hpp"
+#include "support/tcp_client.hpp"
 
 namespace kvnode::node {
 namespace {
 
 using namespace rig;
+using proc::kvctl;
 
 // The pid of the running process whose command line holds `word` (the test's unique instance
 // id), or -1.
@@ -63,28 +66,10 @@ std::size_t connections_at(int port) {
   return n;
 }
 
-int connect_to(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 std::size_t count(const std::string& text, const std::string& what) {
   std::size_t n = 0;
   for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
   return n;
-}
-
-test::ProcessResult kvctl(std::vector<std::string> args) {
-  args.insert(args.begin(), KVCTL_PATH);
-  return test::run_process(args, {}, std::chrono::seconds(60));
 }
 
 // The probe, scaled to a test: the receiving node runs with 80 descriptors (about 35 in
@@ -94,58 +79,23 @@ test::ProcessResult kvctl(std::vector<std::string> args) {
 // connections in CLOSE-WAIT, logged an error per accept() retry once the descriptors ran out, and
 // the node could no longer take a move.
 TEST(TransferPort, JunkAndDescriptorExhaustionLeaveNothingBehindAndMovesStillWork) {
-  const std::string tag = std::to_string(getpid());
-  const std::vector<int> ports = free_ports(6);
+  const std::vector<int> ports = free_ports(4);
   const int http = ports[0], pull = ports[1], reply = ports[2], hb = ports[3];
   test::ChildProcess controller({KVCONTROLLER_PATH, "--host", "127.0.0.1", "--port",
                                  std::to_string(http), "--chunk-size", "16", "--monitor-ports",
                                  "{\"pull\": " + std::to_string(pull) +
                                      ", \"reply\": " + std::to_string(reply) +
                                      ", \"heartbeat\": " + std::to_string(hb) + "}"});
-  auto node = [&](const std::string& name, int p2p, std::vector<std::string> prefix) {
-    std::vector<std::string> args = {KVNODE_PATH,
-                                     "--instance-id",
-                                     name + "-" + tag,
-                                     "--controller-pull-url",
-                                     "127.0.0.1:" + std::to_string(pull),
-                                     "--controller-reply-url",
-                                     "127.0.0.1:" + std::to_string(reply),
-                                     "--p2p-host",
-                                     "127.0.0.1",
-                                     "--p2p-init-ports",
-                                     std::to_string(p2p),
-                                     "--chunk-bytes",
-                                     "262144",
-                                     "--chunk-size",
-                                     "16",
-                                     "--max-local-cpu-size",
-                                     "0.01",
-                                     "--heartbeat-time",
-                                     "0.5",
-                                     "--full-sync-startup-delay",
-                                     "0",
-                                     "--http-port",
-                                     "-1",
-                                     "--local-socket",
-                                     "/tmp/kvnode-port-" + name + "-" + tag + ".sock",
-                                     "--local-staging-mb",
-                                     "1",
-                                     "--ucx-tls",
-                                     "tcp",
-                                     "--ucx-net-devices",
-                                     "lo"};
-    prefix.insert(prefix.end(), args.begin(), args.end());
-    return std::make_unique<test::ChildProcess>(prefix);
-  };
-  auto a = node("A", ports[4], {});
-  auto b = node("B", ports[5], {"/usr/bin/prlimit", "--nofile=80:80", "--"});
-  const std::string a_id = "A-" + tag, b_id = "B-" + tag;
-  const std::string sock_a = "/tmp/kvnode-port-A-" + tag + ".sock",
-                    sock_b = "/tmp/kvnode-port-B-" + tag + ".sock";
+  proc::NodeProcess a("A", pull, reply);
+  proc::NodeProcessOptions limited;
+  limited.launcher = {"/usr/bin/prlimit", "--nofile=80:80", "--"};
+  proc::NodeProcess b("B", pull, reply, limited);
+  const std::string a_id = a.instance(), b_id = b.instance();
+  const std::string sock_a = a.socket(), sock_b = b.socket();
+  const int b_port = b.p2p_port();
   const std::string ctl = "127.0.0.1:" + std::to_string(http);
-  ASSERT_TRUE(eventually(
-      [&] { return access(sock_a.c_str(), F_OK) == 0 && access(sock_b.c_str(), F_OK) == 0; }, 30s))
-      << a->output() << b->output();
+  ASSERT_TRUE(a.up()) << a.log();
+  ASSERT_TRUE(b.up()) << b.log();
   ASSERT_TRUE(eventually(
       [&] {
         const auto r = kvctl({"workers", "--controller", ctl});
@@ -163,28 +113,28 @@ TEST(TransferPort, JunkAndDescriptorExhaustionLeaveNothingBehindAndMovesStillWor
   std::vector<std::byte> junk(4096);
   for (int i = 0; i < 300; ++i) {
     for (std::byte& byte : junk) byte = static_cast<std::byte>(random());
-    const int fd = connect_to(ports[5]);
+    const int fd = test::connect_loopback(b_port);
     if (fd < 0) continue;
     (void)::send(fd, junk.data(), junk.size(), MSG_NOSIGNAL);
     ::close(fd);
   }
   // A junk connection is closed and forgotten.
-  EXPECT_TRUE(eventually([&] { return connections_at(ports[5]) == 0; }, 20s))
-      << connections_at(ports[5]) << " connections left at the transfer port after the junk";
+  EXPECT_TRUE(eventually([&] { return connections_at(b_port) == 0; }, 20s))
+      << connections_at(b_port) << " connections left at the transfer port after the junk";
   EXPECT_LE(descriptors(b_pid), baseline);
   std::vector<int> silent;
   for (int i = 0; i < 100; ++i)
-    if (const int fd = connect_to(ports[5]); fd >= 0) silent.push_back(fd);
+    if (const int fd = test::connect_loopback(b_port); fd >= 0) silent.push_back(fd);
   // The listener keeps its share of the descriptors (a quarter: 20) and refuses the rest.
   EXPECT_TRUE(eventually(
-      [&] { return b->output().find("transfer listener: refused") != std::string::npos; }, 20s))
-      << b->output();
-  ASSERT_TRUE(b->running()) << b->describe_exit() << "\n" << b->output();
+      [&] { return b.log().find("transfer listener: refused") != std::string::npos; }, 20s))
+      << b.log();
+  ASSERT_TRUE(b.running()) << b.describe_exit() << "\n" << b.log();
   for (int fd : silent) ::close(fd);
   // What they cost comes back (the node's other sockets may have come and gone meanwhile).
-  EXPECT_TRUE(eventually([&] { return connections_at(ports[5]) == 0; }, 20s))
-      << connections_at(ports[5]) << " connections left at the transfer port\n"
-      << b->output();
+  EXPECT_TRUE(eventually([&] { return connections_at(b_port) == 0; }, 20s))
+      << connections_at(b_port) << " connections left at the transfer port\n"
+      << b.log();
   EXPECT_LE(descriptors(b_pid), baseline + 8);
 
   // The node still takes a move, and holds every byte of it.
@@ -199,14 +149,14 @@ TEST(TransferPort, JunkAndDescriptorExhaustionLeaveNothingBehindAndMovesStillWor
       30s));
   auto moved = kvctl({"move", "--controller", ctl, "--from", a_id, "--to", b_id, "--token-range",
                       tokens, "--copy", "--json"});
-  ASSERT_EQ(moved.exit_code, 0) << moved.out << moved.err << b->output();
-  EXPECT_NE(moved.out.find("\"num_tokens\":160"), std::string::npos) << moved.out << b->output();
+  ASSERT_EQ(moved.exit_code, 0) << moved.out << moved.err << b.log();
+  EXPECT_NE(moved.out.find("\"num_tokens\":160"), std::string::npos) << moved.out << b.log();
   auto verify = kvctl({"verify", "--node", sock_b, "--token-range", tokens, "--seed", "5"});
   EXPECT_EQ(verify.exit_code, 0) << verify.out << verify.err;
 
   // Degraded, not flooded: a few lines said what happened, none came from UCX's listener.
-  ASSERT_TRUE(b->running()) << b->describe_exit() << "\n" << b->output();
-  const std::string log = b->output();
+  ASSERT_TRUE(b.running()) << b.describe_exit() << "\n" << b.log();
+  const std::string log = b.log();
   EXPECT_EQ(count(log, "accept() failed"), 0u) << log.substr(0, 4000);
   EXPECT_LE(count(log, "transfer listener:"), 6u) << log;
 }

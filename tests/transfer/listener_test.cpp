@@ -21,6 +21,7 @@
 
 #include "kvnode/transfer/ucx_handles.hpp"
 #include "support/must.hpp"
+#include "support/tcp_client.hpp"
 
 namespace kvnode::transfer {
 namespace {
@@ -141,12 +142,8 @@ class Served {
 };
 
 int connect_to(std::uint16_t port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(port);
-  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0) << std::strerror(errno);
+  const int fd = test::connect_loopback(port);
+  EXPECT_GE(fd, 0) << std::strerror(errno);
   return fd;
 }
 
