@@ -207,7 +207,7 @@ Status check_flag_spellings(const std::vector<std::string>& argv) {
     if (key.lmcache_flag.empty() || key.lmcache_flag == own) continue;
     std::vector<std::pair<std::string, std::string>> given;  // spelling, value
     for (std::size_t i = 1; i < argv.size() && argv[i] != "--"; ++i)
-      for (const std::string flag : {std::string(key.lmcache_flag), own}) {
+      for (const std::string& flag : {std::string(key.lmcache_flag), own}) {
         if (argv[i] == flag && i + 1 < argv.size())
           given.emplace_back(flag, argv[++i]);
         else if (argv[i].starts_with(flag + "="))

@@ -118,7 +118,7 @@ constexpr std::array kKeys{
         }},
     // LMCache's extra_config; kvnode has no use for it but accepts files that set it.
     Key{"extra_config", "", "JSON",
-        [](const ControllerConfig& c) -> std::string { return std::string(); },
+        [](const ControllerConfig&) -> std::string { return std::string(); },
         "LMCache's extra settings: accepted and unused",
         [](ControllerConfig&, const RawValue&) { return Status{}; }},
     Key{"fanout_timeout", "", "SECONDS",

@@ -318,9 +318,9 @@ Result<ConfigOrExit> load_node_config(const std::vector<std::string>& argv) {
   try {
     app.parse(static_cast<int>(args.size()), args.data());
   } catch (const CLI::CallForVersion& e) {
-    return ConfigOrExit{std::nullopt, e.what(), 0};
+    return ConfigOrExit{std::nullopt, e.what(), 0, {}};
   } catch (const CLI::Success&) {
-    return ConfigOrExit{std::nullopt, app.help(), 0};
+    return ConfigOrExit{std::nullopt, app.help(), 0, {}};
   } catch (const CLI::ParseError& e) {
     return make_error(std::string(e.what()) + "; see kvnode --help");
   }
