@@ -1,8 +1,6 @@
 // The plane's progress thread: it owns every UCX object (context, listener worker, sessions),
 // takes commands from callers through a queue and an eventfd, progresses, reports transfers,
 // enforces deadlines, and sleeps on the workers' event fds when there is nothing to do.
-#include "kvnode/transfer/plane.hpp"
-
 #include <spdlog/spdlog.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -10,18 +8,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
-#include <deque>
-#include <map>
-#include <mutex>
 #include <random>
 #include <thread>
-#include <unordered_map>
 
-#include "kvnode/transfer/descriptor.hpp"
-#include "kvnode/transfer/listener.hpp"
-#include "session.hpp"
+#include "plane_impl.hpp"
 
 namespace kvnode::transfer {
 
@@ -68,120 +59,7 @@ std::size_t session_cap(std::size_t wanted) {
       1, std::min<std::size_t>(wanted, limit.rlim_cur / kSessionShareOfDescriptors));
 }
 
-Result<std::pair<std::string, std::uint16_t>> split_url(const std::string& url) {
-  const auto colon = url.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == url.size())
-    return make_error("peer '" + url + "': expected host:port");
-  const std::string port_text = url.substr(colon + 1);
-  if (port_text.size() > 5 || port_text.find_first_not_of("0123456789") != std::string::npos)
-    return make_error("peer '" + url + "': bad port");
-  const unsigned long port = std::stoul(port_text);
-  if (port == 0 || port > 65535) return make_error("peer '" + url + "': port out of range");
-  std::string host = url.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  return std::make_pair(host, static_cast<std::uint16_t>(port));
-}
-
 }  // namespace
-
-class TransferPlane::Impl {
- public:
-  Impl(const PlaneOptions& options, const gpu::ChunkPool& pool) : options_(options) {
-    pool_.base = pool.region().data();
-    pool_.page_bytes = pool.page_bytes();
-    pool_.pages = static_cast<std::uint32_t>(pool.page_count());
-    memory_kind_ = pool.region().kind();
-    device_ = pool.region().device();
-  }
-  ~Impl() { stop(); }
-
-  Status init();
-  void stop();
-  std::string url() const { return url_; }
-  TransferId submit(bool pull, const std::string& peer, std::vector<PageCopy> pages, Callback cb,
-                    TransferOptions options);
-  void cancel(TransferId id);
-  PlaneCounters counters() const {
-    std::lock_guard lock(counters_mutex_);
-    return counters_;
-  }
-
- private:
-  struct Command {
-    enum Kind { kSubmit, kCancel, kAsk } kind;
-    std::unique_ptr<Xfer> xfer;
-    TransferId id = 0;
-    std::string peer;  // kAsk
-    PendingAsk ask;
-  };
-
- public:
-  void submit_ask(const std::string& peer, PendingAsk a) {
-    {
-      std::lock_guard lock(commands_mutex_);
-      Command c{Command::kAsk, nullptr, 0, peer, std::move(a)};
-      commands_.push_back(std::move(c));
-    }
-    const std::uint64_t one = 1;
-    (void)::write(wake_.get(), &one, sizeof(one));
-  }
-  std::uint64_t next_ask_id() { return next_id_++; }
-  std::chrono::milliseconds default_deadline() const { return options_.default_deadline; }
-
- private:
-  Result<Session*> session_for(const std::string& peer);
-  AskHandler ask_handler_;
-
-  void run();
-  unsigned drain_commands();
-  void start(std::unique_ptr<Xfer> x);
-  unsigned check_links();
-  Status dial_peer(Session& s);
-  static constexpr int kMaxDials = 3;
-  static constexpr auto kRedialPause = std::chrono::milliseconds(20);
-  unsigned progress_sessions();
-  void expire(Clock::time_point now);
-  void reset(Session& s, Failure failure, TransferId culprit, const std::string& why);
-  void report(std::unique_ptr<Xfer> x);
-  void sleep();
-  void watch(int fd, bool add);
-  ListenerAnswer answer(const ucx::Bytes& hello, LinkId link);
-  void lost(LinkId link, const std::string& why);
-  void welcomed(Session& s, const ucx::Bytes& welcome);
-
-  PlaneOptions options_;
-  PoolView pool_;
-  gpu::MemoryKind memory_kind_ = gpu::MemoryKind::kHost;
-  int device_ = 0;
-  Status start_staging();
-  const Staging* staging() const { return engine_ ? &staging_ : nullptr; }
-  PeerDescriptor pool_descriptor_;  // ours; each session adds its worker address
-  std::string url_;
-
-  // Acquired in this order, released in reverse (sessions go first, on the thread).
-  std::unique_ptr<gpu::CopyEngine> engine_;  // set when the pool is staged
-  std::optional<gpu::ChunkPool> ring_;       // the staging slots, registered instead of the pool
-  Staging staging_;
-  std::optional<ucx::Context> context_;
-  std::optional<ucx::Registration> registration_;
-  std::unique_ptr<Listener> listener_;
-  std::optional<Epoll> links_;  // the initiators' control links
-  UniqueFd epoll_;
-  UniqueFd wake_;
-
-  std::map<std::string, std::unique_ptr<Session>> initiators_;  // by peer url
-  std::map<LinkId, std::unique_ptr<Session>> acceptors_;        // by the listener's link
-  std::unordered_map<TransferId, std::string> where_;           // transfer -> peer url
-
-  std::mutex commands_mutex_;
-  std::deque<Command> commands_;
-  std::atomic<bool> stopping_{false};
-  std::atomic<TransferId> next_id_{1};
-  mutable std::mutex counters_mutex_;
-  PlaneCounters counters_;
-  Clock::time_point last_event_ = Clock::now();
-  std::thread thread_;
-};
 
 // ---- Start and stop ---------------------------------------------------------------------------
 
@@ -396,80 +274,6 @@ void TransferPlane::Impl::start(std::unique_ptr<Xfer> x) {
   (*s)->submit(std::move(x));
 }
 
-Result<Session*> TransferPlane::Impl::session_for(const std::string& peer) {
-  if (const auto found = initiators_.find(peer); found != initiators_.end()) return found->second.get();
-  Result<std::pair<std::string, std::uint16_t>> hp = split_url(peer);
-  if (!hp) return hp.error();
-  Result<std::unique_ptr<Session>> session = Session::create(
-      *context_, Session::Role::kInitiator, peer, pool_, options_.protocol, staging());
-  if (!session) return session.error();
-  Session& s = **session;
-  s.set_ask_handler(&ask_handler_);
-  s.hello_body = encode(s.local_descriptor(pool_descriptor_));  // read by UCX until sent
-  if (Status dialed = dial_peer(s); !dialed) return dialed.error();
-  watch(s.event_fd(), true);
-  initiators_[peer] = std::move(session).value();
-  return &s;
-}
-
-Status TransferPlane::Impl::dial_peer(Session& s) {
-  Result<std::pair<std::string, std::uint16_t>> hp = split_url(s.peer());
-  if (!hp) return hp.error();
-  s.link.reset();  // closing the descriptor takes it out of links_
-  Result<ControlLink> link = ControlLink::dial(hp->first, hp->second, s.hello_body);
-  if (!link) return link.error();
-  s.link.emplace(std::move(link).value());
-  links_->add(s.link->fd(), s.link->events(), 0);
-  ++s.dials;
-  s.clear_broken();
-  return {};
-}
-
-// The initiators' control links: hellos out, welcomes in, then liveness. Pumped when any is
-// ready (links_ says which have something, not whose; there are few).
-unsigned TransferPlane::Impl::check_links() {
-  if (initiators_.empty() || links_->ready().empty()) return 0;
-  unsigned n = 0;
-  for (auto it = initiators_.begin(); it != initiators_.end();) {
-    Session& s = *it->second;
-    ++it;  // welcomed() may reset s
-    if (!s.link || s.broken()) continue;
-    ++n;
-    const Status pumped = s.link->pump();
-    if (std::optional<ucx::Bytes> welcome = s.link->take_frame()) {
-      welcomed(s, *welcome);  // read first: a refusal may come just before the link closes
-      continue;
-    }
-    if (!pumped)
-      s.mark_broken("the connection to " + s.peer() + " failed: " + pumped.error().message);
-    else
-      links_->modify(s.link->fd(), s.link->events(), 0);
-  }
-  return n;
-}
-
-void TransferPlane::Impl::welcomed(Session& s, const ucx::Bytes& welcome) {
-  Result<PeerDescriptor> peer = decode_descriptor(welcome);
-  Status connected = peer ? Status{} : Status{peer.error()};
-  if (peer) {
-    const bool same_host = peer->host == pool_descriptor_.host;
-    connected = s.connect(std::move(peer).value(), same_host);
-  }
-  if (!connected) {
-    spdlog::warn("transfer plane: cannot open a session with {}: {}", s.peer(),
-                 connected.error().message);
-    return reset(s, Failure::kConnect, 0, "session with " + s.peer() + ": " + connected.error().message);
-  }
-  links_->modify(s.link->fd(), s.link->events(), 0);
-  spdlog::info("transfer plane: session with {} open ({} over {})", s.peer(),
-               to_string(s.protocol()), s.transport());
-  {
-    std::lock_guard lock(counters_mutex_);
-    ++counters_.sessions_opened;
-  }
-  s.post_waiting();
-}
-
 unsigned TransferPlane::Impl::progress_sessions() {
   unsigned n = 0;
   const auto now = Clock::now();
@@ -587,43 +391,6 @@ void TransferPlane::Impl::sleep() {
     (void)::read(wake_.get(), &count, sizeof(count));
   }
   last_event_ = Clock::now();
-}
-
-// ---- Handshakes -------------------------------------------------------------------------------
-
-ListenerAnswer TransferPlane::Impl::answer(const ucx::Bytes& hello, LinkId link) {
-  Result<PeerDescriptor> peer = decode_descriptor(hello);
-  if (!peer) {
-    spdlog::warn("transfer plane: refused a hello: {}", peer.error().message);
-    return {encode_refusal(peer.error().message), false};
-  }
-  const std::string name = peer->node.empty() ? "unnamed peer" : peer->node;
-  if (acceptors_.size() >= options_.max_sessions) {
-    const std::string why = "too many sessions: this node serves at most " +
-                            std::to_string(options_.max_sessions) + " peers at once";
-    spdlog::warn("transfer plane: refused {}: {}", name, why);
-    return {encode_refusal(why), false};
-  }
-  Result<std::unique_ptr<Session>> session =
-      Session::create(*context_, Session::Role::kAcceptor, name, pool_, options_.protocol, staging());
-  if (!session) return {encode_refusal(session.error().message), false};
-  const bool same_host = peer->host == pool_descriptor_.host;
-  (*session)->set_ask_handler(&ask_handler_);
-  if (Status s = (*session)->connect(std::move(peer).value(), same_host); !s) {
-    spdlog::warn("transfer plane: refused {}: {}", name, s.error().message);
-    return {encode_refusal(s.error().message), false};
-  }
-  (*session)->link_id = link;
-  watch((*session)->event_fd(), true);
-  ucx::Bytes out = encode((*session)->local_descriptor(pool_descriptor_));
-  acceptors_[link] = std::move(session).value();
-  return {std::move(out), true};
-}
-
-void TransferPlane::Impl::lost(LinkId link, const std::string& why) {
-  const auto it = acceptors_.find(link);
-  if (it == acceptors_.end()) return;
-  it->second->mark_broken("the peer " + it->second->peer() + " went away (" + why + ")");
 }
 
 // ---- Facade -----------------------------------------------------------------------------------

@@ -1,0 +1,124 @@
+// The plane's state, shared by plane.cpp (start and stop, the progress thread, the facade) and
+// plane_handshake.cpp (dialing peers, answering their hellos). Private to transfer/src.
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+
+#include "kvnode/transfer/descriptor.hpp"
+#include "kvnode/transfer/listener.hpp"
+#include "kvnode/transfer/plane.hpp"
+#include "session.hpp"
+
+namespace kvnode::transfer {
+
+// A peer url, "host:port" (host may be a bracketed IPv6 literal), as host and port.
+Result<std::pair<std::string, std::uint16_t>> split_url(const std::string& url);
+
+class TransferPlane::Impl {
+ public:
+  Impl(const PlaneOptions& options, const gpu::ChunkPool& pool) : options_(options) {
+    pool_.base = pool.region().data();
+    pool_.page_bytes = pool.page_bytes();
+    pool_.pages = static_cast<std::uint32_t>(pool.page_count());
+    memory_kind_ = pool.region().kind();
+    device_ = pool.region().device();
+  }
+  ~Impl() { stop(); }
+
+  Status init();
+  void stop();
+  std::string url() const { return url_; }
+  TransferId submit(bool pull, const std::string& peer, std::vector<PageCopy> pages, Callback cb,
+                    TransferOptions options);
+  void cancel(TransferId id);
+  PlaneCounters counters() const {
+    std::lock_guard lock(counters_mutex_);
+    return counters_;
+  }
+
+ private:
+  struct Command {
+    enum Kind { kSubmit, kCancel, kAsk } kind;
+    std::unique_ptr<Xfer> xfer;
+    TransferId id = 0;
+    std::string peer;  // kAsk
+    PendingAsk ask;
+  };
+
+ public:
+  void submit_ask(const std::string& peer, PendingAsk a) {
+    {
+      std::lock_guard lock(commands_mutex_);
+      Command c{Command::kAsk, nullptr, 0, peer, std::move(a)};
+      commands_.push_back(std::move(c));
+    }
+    const std::uint64_t one = 1;
+    (void)::write(wake_.get(), &one, sizeof(one));
+  }
+  std::uint64_t next_ask_id() { return next_id_++; }
+  std::chrono::milliseconds default_deadline() const { return options_.default_deadline; }
+
+ private:
+  Result<Session*> session_for(const std::string& peer);
+  AskHandler ask_handler_;
+
+  void run();
+  unsigned drain_commands();
+  void start(std::unique_ptr<Xfer> x);
+  unsigned check_links();
+  Status dial_peer(Session& s);
+  static constexpr int kMaxDials = 3;
+  static constexpr auto kRedialPause = std::chrono::milliseconds(20);
+  unsigned progress_sessions();
+  void expire(Clock::time_point now);
+  void reset(Session& s, Failure failure, TransferId culprit, const std::string& why);
+  void report(std::unique_ptr<Xfer> x);
+  void sleep();
+  void watch(int fd, bool add);
+  ListenerAnswer answer(const ucx::Bytes& hello, LinkId link);
+  void lost(LinkId link, const std::string& why);
+  void welcomed(Session& s, const ucx::Bytes& welcome);
+
+  PlaneOptions options_;
+  PoolView pool_;
+  gpu::MemoryKind memory_kind_ = gpu::MemoryKind::kHost;
+  int device_ = 0;
+  Status start_staging();
+  const Staging* staging() const { return engine_ ? &staging_ : nullptr; }
+  PeerDescriptor pool_descriptor_;  // ours; each session adds its worker address
+  std::string url_;
+
+  // Acquired in this order, released in reverse (sessions go first, on the thread).
+  std::unique_ptr<gpu::CopyEngine> engine_;  // set when the pool is staged
+  std::optional<gpu::ChunkPool> ring_;       // the staging slots, registered instead of the pool
+  Staging staging_;
+  std::optional<ucx::Context> context_;
+  std::optional<ucx::Registration> registration_;
+  std::unique_ptr<Listener> listener_;
+  std::optional<Epoll> links_;  // the initiators' control links
+  UniqueFd epoll_;
+  UniqueFd wake_;
+
+  std::map<std::string, std::unique_ptr<Session>> initiators_;  // by peer url
+  std::map<LinkId, std::unique_ptr<Session>> acceptors_;        // by the listener's link
+  std::unordered_map<TransferId, std::string> where_;           // transfer -> peer url
+
+  std::mutex commands_mutex_;
+  std::deque<Command> commands_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<TransferId> next_id_{1};
+  mutable std::mutex counters_mutex_;
+  PlaneCounters counters_;
+  Clock::time_point last_event_ = Clock::now();
+  std::thread thread_;
+};
+
+}  // namespace kvnode::transfer
