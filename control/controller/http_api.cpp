@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "http_json.hpp"
+#include "kvnode/httpd/metrics.hpp"
 #include "kvnode/wire/json.hpp"
 #include "orch_uuid.hpp"
 
@@ -287,7 +288,10 @@ Reply HttpApi::Impl::key_stats() {
 
 Reply HttpApi::Impl::prometheus() {
   const RegistryStats stats = registry.read([](const Registry& r) { return r.stats(); });
-  return Reply{200, render_prometheus(metrics, stats), "text/plain; version=0.0.4; charset=utf-8"};
+  return Reply{200,
+               render_prometheus(metrics, stats) +
+                   httpd::prometheus_text(server.counters(), "kvcontroller"),
+               "text/plain; version=0.0.4; charset=utf-8"};
 }
 
 HttpApi::HttpApi(Orchestrator& orchestrator, const Guarded<Registry>& registry, Metrics& metrics,

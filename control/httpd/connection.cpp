@@ -50,8 +50,28 @@ Connection::Connection(UniqueFd socket, std::uint64_t connection_id)
     address_of(a, local_ip, local_port);
 }
 
+bool Connection::has_headers(std::size_t within) const {
+  const std::size_t end = buffer.find("\r\n\r\n", begin);
+  return end != std::string::npos && end - begin <= within;
+}
+
+void Connection::drop_consumed() {
+  if (!buffered()) {
+    std::string().swap(buffer);  // an idle connection holds no buffer
+  } else {
+    buffer.erase(0, begin);
+  }
+  begin = 0;
+}
+
 bool ConnectionStream::wait(short events) const {
-  const auto limit = std::min(c_.deadline, Clock::now() + io_timeout_);
+  auto limit = std::min(c_.deadline, Clock::now() + io_timeout_);
+  if (c_.body_started && c_.min_body_bytes_per_second > 0 && (events & POLLIN) != 0) {
+    // The body so far buys time at the minimum rate: a trickle runs out of it soon.
+    const auto earned =
+        std::chrono::milliseconds(c_.body_read * 1000 / c_.min_body_bytes_per_second);
+    limit = std::min(limit, c_.body_start + c_.body_grace + earned);
+  }
   for (;;) {
     const auto now = Clock::now();
     if (now >= limit) {
@@ -76,30 +96,29 @@ bool ConnectionStream::is_writable() const {
 
 ssize_t ConnectionStream::read(char* ptr, size_t size) {
   if (size == 0) return 0;
-  if (!c_.buffered()) {
-    // A large read goes straight into the caller's buffer; a small one (a header byte) refills
-    // ours.
-    const bool direct = size >= c_.buffer.size();
-    for (;;) {
-      const ssize_t n = direct
-                            ? ::recv(c_.fd.get(), ptr, size, MSG_DONTWAIT)
-                            : ::recv(c_.fd.get(), c_.buffer.data(), c_.buffer.size(), MSG_DONTWAIT);
-      if (n > 0) {
-        if (direct) return n;
-        c_.begin = 0;
-        c_.end = static_cast<std::size_t>(n);
-        break;
-      }
-      if (n == 0) return 0;
-      if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) return -1;
-      if (!wait(POLLIN)) return -1;
-    }
+  if (c_.buffered()) {
+    const std::size_t n = std::min(size, c_.buffer.size() - c_.begin);
+    std::memcpy(ptr, c_.buffer.data() + c_.begin, n);
+    c_.begin += n;
+    if (c_.body_started && !count_body(n)) return -1;
+    return static_cast<ssize_t>(n);
   }
-  const std::size_t n = std::min(size, c_.end - c_.begin);
-  std::memcpy(ptr, c_.buffer.data() + c_.begin, n);
-  c_.begin += n;
-  return static_cast<ssize_t>(n);
+  for (;;) {
+    const ssize_t n = ::recv(c_.fd.get(), ptr, size, MSG_DONTWAIT);
+    if (n > 0) {
+      if (c_.body_started && !count_body(static_cast<std::size_t>(n))) return -1;
+      return n;
+    }
+    if (n == 0) return 0;
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return -1;
+    if (!wait(POLLIN)) return -1;
+  }
+}
+
+bool ConnectionStream::count_body(std::size_t n) {
+  c_.body_read += n;
+  return c_.body_cap == 0 || c_.body_read <= c_.body_cap;
 }
 
 ssize_t ConnectionStream::write(const char* ptr, size_t size) {

@@ -1,12 +1,12 @@
-// One client connection of kvnode::httpd::Server and the httplib::Stream over it. The socket is
-// non-blocking; every read and write waits at most until the connection's current deadline (the
-// end of the header or body phase) and at most io_timeout without progress, so a client that
-// trickles bytes holds a handler thread for a bounded time.
+// One client connection of kvnode::httpd::Server and the httplib::Stream over it. The poller
+// reads the request line and headers into `buffer` without blocking, so a handler thread only
+// ever sees complete headers. The socket is non-blocking; every body read and answer write waits
+// at most until the connection's current deadline, at most io_timeout without progress, and a
+// body must keep a minimum rate, so a client that trickles a body holds a handler briefly.
 #pragma once
 
 #include <httplib.h>
 
-#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -32,14 +32,17 @@ class UniqueFd {
 };
 
 struct Connection {
-  enum class State { kIdle, kBusy };
+  // kIdle: in epoll, no byte of a request yet; kHeaders: in epoll, part of the headers
+  // buffered (closed at header_deadline); kBusy: queued for or held by a handler.
+  enum class State { kIdle, kHeaders, kBusy };
 
   Connection(UniqueFd socket, std::uint64_t connection_id);
 
   UniqueFd fd;
   std::uint64_t id;
   State state = State::kIdle;
-  Clock::time_point idle_deadline;  // while kIdle: closed when it passes
+  Clock::time_point idle_deadline;    // while kIdle: closed when it passes
+  Clock::time_point header_deadline;  // while kHeaders: closed when it passes
   std::size_t requests = 0;
   std::string remote_ip, local_ip;
   int remote_port = 0, local_port = 0;
@@ -53,11 +56,23 @@ struct Connection {
   std::size_t unread_body = 0;    // a refused body still on its way
   int refusal_status = 0;         // set before routing: answer this instead of routing
   std::string refusal_detail;
+  // Body reads (everything httplib reads past the buffered headers): counted against a cap and
+  // a minimum rate once body_started is set.
+  bool body_started = false;
+  Clock::time_point body_start;
+  std::size_t body_read = 0;
+  std::size_t body_cap = 0;                   // 0: none
+  std::size_t min_body_bytes_per_second = 0;  // 0: none
+  std::chrono::milliseconds body_grace{0};    // before the rate applies
 
-  // Bytes received and not yet read by httplib (it reads the headers one byte at a time).
-  std::array<char, 16384> buffer{};
-  std::size_t begin = 0, end = 0;
-  bool buffered() const { return begin < end; }
+  // Bytes received and not yet read by httplib: headers read by the poller, and whatever came
+  // with them. Empty (no memory) while idle.
+  std::string buffer;
+  std::size_t begin = 0;
+  bool buffered() const { return begin < buffer.size(); }
+  // Whether the first `within` buffered bytes hold a whole request line and headers.
+  bool has_headers(std::size_t within) const;
+  void drop_consumed();
 };
 
 class ConnectionStream final : public httplib::Stream {
@@ -76,6 +91,8 @@ class ConnectionStream final : public httplib::Stream {
  private:
   // Waits for `events` until the deadline or io_timeout; false (and timed_out) when neither came.
   bool wait(short events) const;
+  // Counts body bytes read; false beyond the body cap.
+  bool count_body(std::size_t n);
 
   Connection& c_;
   std::chrono::milliseconds io_timeout_;

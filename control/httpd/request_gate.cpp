@@ -1,21 +1,58 @@
 #include "request_gate.hpp"
 
+#include <cctype>
 #include <charconv>
-#include <regex>
+#include <optional>
+#include <string_view>
 
 #include "kvnode/common/allocator.hpp"
 
 namespace kvnode::httpd {
 namespace {
 
+constexpr int kBadRequest = 400;
+constexpr int kNotFound = 404;
+constexpr int kLengthRequired = 411;
 constexpr int kPayloadTooLarge = 413;
+constexpr int kUnsupportedMediaType = 415;
 constexpr int kMethodNotAllowed = 405;
 constexpr int kUnavailable = 503;
 constexpr std::size_t kMiB = std::size_t{1} << 20;
+constexpr std::size_t kKiB = std::size_t{1} << 10;
+// Chunk-size lines and trailers a chunked body may add to its bytes on the wire.
+constexpr std::size_t kChunkFramingSlack = 64 * kKiB;
+
+// Digits only: httplib's strtoull would also take "+5", " 5" and "5x".
+std::optional<std::size_t> parse_length(const std::string& text) {
+  std::uint64_t n = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return static_cast<std::size_t>(n);
+}
+
+std::string lower(std::string text) {
+  for (char& ch : text) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return text;
+}
+
+// Restores `current` however process_request ends (it may throw).
+struct CurrentGuard {
+  explicit CurrentGuard(Connection& c);
+  ~CurrentGuard();
+  CurrentGuard(const CurrentGuard&) = delete;
+  CurrentGuard& operator=(const CurrentGuard&) = delete;
+};
 
 // The connection whose request this handler thread is serving: httplib's pre-routing hook sees
 // only the request, and it runs on the thread that called process_request.
 thread_local Connection* current = nullptr;
+
+CurrentGuard::CurrentGuard(Connection& c) {
+  current = &c;
+}
+CurrentGuard::~CurrentGuard() {
+  current = nullptr;
+}
 
 std::string detail(const std::string& text) {
   return R"({"detail":")" + text + R"("})";  // texts here are ours: no quotes to escape
@@ -38,8 +75,12 @@ void RequestGate::route(const std::string& method, const std::string& path,
   methods_[path].insert(method);
   if (method == "GET") methods_[path].insert("HEAD");  // httplib answers HEAD from GET handlers
   // httplib matches patterns as regular expressions; ours are exact paths.
-  const std::string pattern =
-      std::regex_replace(path, std::regex(R"([.^$|()\[\]{}*+?\\])"), R"(\$&)");
+  // Escaped by hand: std::regex here trips GCC 12's -Wmaybe-uninitialized under the sanitizers.
+  std::string pattern;
+  for (const char ch : path) {
+    if (std::string_view(".^$|()[]{}*+?\\").find(ch) != std::string_view::npos) pattern += '\\';
+    pattern += ch;
+  }
   auto wrapped = [this, handler = std::move(handler)](const httplib::Request& req,
                                                       httplib::Response& res) {
     handler(req, res);
@@ -53,49 +94,84 @@ void RequestGate::route(const std::string& method, const std::string& path,
 }
 
 bool RequestGate::process(Connection& c, ConnectionStream& stream, bool last, bool& client_closes) {
-  current = &c;
-  const bool ok = engine_.process_request(
-      stream, last, client_closes, [this, &c](httplib::Request& req) { admit_body(c, req); });
-  current = nullptr;
-  return ok;
+  const CurrentGuard guard(c);
+  return engine_.process_request(stream, last, client_closes,
+                                 [this, &c](httplib::Request& req) { admit_body(c, req); });
 }
 
 // Runs once the headers are read, before the body is.
 void RequestGate::admit_body(Connection& c, httplib::Request& req) {
   c.deadline = Clock::now() + limits_.body_timeout;
-  const bool chunked = req.get_header_value("Transfer-Encoding") == "chunked";
-  if (!req.has_header("Content-Length") && !chunked) return;
+  // Everything read from here on is body: counted, capped and held to a minimum rate.
+  c.body_started = true;
+  c.body_start = Clock::now();
+  c.body_read = 0;
+  c.body_cap = 0;
+  c.min_body_bytes_per_second = limits_.min_body_bytes_per_second;
+  c.body_grace = limits_.body_grace;
+  // httplib compares Transfer-Encoding case-insensitively (and reads a body whatever the method).
+  const std::string encoding = lower(req.get_header_value("Transfer-Encoding"));
+  const bool chunked = encoding.find("chunked") != std::string::npos;
+  const bool has_length = req.has_header("Content-Length");
+  // httplib reads a body for these methods only (and never a GET's: it would be parsed as the
+  // next request).
+  const bool reads_body = req.method == "POST" || req.method == "PUT" || req.method == "PATCH" ||
+                          req.method == "DELETE" || req.method == "PRI";
+  auto refuse = [&](int status, std::string text, std::size_t unread) {
+    c.refusal_status = status;
+    c.refusal_detail = std::move(text);
+    c.close_after = true;
+    c.unread_body = unread;       // dropped after the answer, so the client reads it
+    req.headers.erase("Expect");  // no "100 Continue": the body is not wanted
+    if (status != kNotFound) refused_.fetch_add(1, std::memory_order_relaxed);
+  };
+  if (!reads_body) {
+    if (has_length || chunked) {
+      c.close_after = true;
+      c.unread_body = parse_length(req.get_header_value("Content-Length")).value_or(0);
+    }
+    return;
+  }
+  if (!has_length && !chunked) {
+    // httplib would read until the client closes, uncounted. A method the path does not take
+    // is answered 405 before any body is read.
+    const auto known = methods_.find(req.path);
+    if (known == methods_.end()) return refuse(kNotFound, "Not Found", 0);
+    if (known->second.count(req.method) != 0)
+      return refuse(kLengthRequired, "a request body needs Content-Length", 0);
+    return;
+  }
+  const std::string coding = lower(req.get_header_value("Content-Encoding"));
+  if (!coding.empty() && coding != "identity")  // httplib would inflate it past every limit
+    return refuse(kUnsupportedMediaType, "Content-Encoding " + coding + " is not accepted", 0);
   // The APIs take JSON only: a form label (curl -d) would make httplib parse the body as a form
   // and refuse it beyond 8 KB.
   req.headers.erase("Content-Type");
   req.headers.emplace("Content-Type", "application/json");
 
   std::size_t length = limits_.max_body_bytes;  // a chunked body may grow to the limit
-  if (!chunked) {
-    const std::string text = req.get_header_value("Content-Length");
-    std::uint64_t n = 0;
-    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
-    if (ec != std::errc() || end != text.data() + text.size()) return;  // httplib answers 400
-    length = static_cast<std::size_t>(n);
+  if (chunked) {
+    c.close_after = true;  // whether it was read to its end is httplib's secret
+    c.body_cap = limits_.max_body_bytes + limits_.max_body_bytes / 16 + kChunkFramingSlack;
+  } else {
+    // Digits only: httplib's strtoull would take "+5" and "5x" where we could not.
+    const auto n = parse_length(req.get_header_value("Content-Length"));
+    if (!n) return refuse(kBadRequest, "malformed Content-Length", 0);
+    length = *n;
     c.declared_body = length;
   }
-  auto refuse = [&](int status, std::string text) {
-    c.refusal_status = status;
-    c.refusal_detail = std::move(text);
-    c.close_after = true;
-    if (!chunked) c.unread_body = length;  // dropped after the answer, so the client reads it
-    req.headers.erase("Expect");           // no "100 Continue": the body is not wanted
-    refused_.fetch_add(1, std::memory_order_relaxed);
-  };
+  const std::size_t unread = chunked ? 0 : length;
   if (length > limits_.max_body_bytes)
     return refuse(kPayloadTooLarge,
-                  "Request body too large (limit " + mib(limits_.max_body_bytes) + ")");
+                  "Request body too large (limit " + mib(limits_.max_body_bytes) + ")", unread);
   if (limits_.max_bodies_in_flight_bytes > 0) {
     std::size_t now = in_flight_.load();
     do {
       if (now + length > limits_.max_bodies_in_flight_bytes)
-        return refuse(kUnavailable, "request bodies being read are over their budget of " +
-                                        mib(limits_.max_bodies_in_flight_bytes) + ": retry later");
+        return refuse(kUnavailable,
+                      "request bodies being read are over their budget of " +
+                          mib(limits_.max_bodies_in_flight_bytes) + ": retry later",
+                      unread);
     } while (!in_flight_.compare_exchange_weak(now, now + length));
     c.reserved_body = length;
   }
@@ -118,7 +194,7 @@ httplib::Server::HandlerResponse RequestGate::before_routing(const httplib::Requ
   for (const std::string& m : known->second) allowed += (allowed.empty() ? "" : ", ") + m;
   res.status = kMethodNotAllowed;
   res.set_header("Allow", allowed);
-  if (c != nullptr && (req.has_header("Content-Length") || req.has_header("Transfer-Encoding"))) {
+  if (c != nullptr && (c->declared_body > 0 || req.has_header("Transfer-Encoding"))) {
     c->close_after = true;  // its body is not read as a body: drop it, then close
     c->unread_body = c->declared_body;
     res.set_header("Connection", "close");

@@ -1,7 +1,9 @@
 // What happens to a request between its headers and its handler: routes by exact path (a known
 // path asked with another method is 405), the body's size against the per-request limit (413)
-// and the in-flight budget (503), and the body read as JSON whatever its Content-Type says.
-// A refused body is never read: the answer says "Connection: close" and the connection ends.
+// and the in-flight budget (503), a POST without a length (411), a malformed Content-Length
+// (400) or a compressed body (415), and the body read as JSON whatever its Content-Type says.
+// A refused body is not handled: the answer says "Connection: close", a bounded part of the body
+// is read and dropped (drain) so the client can read the answer, and the connection ends.
 #pragma once
 
 #include <httplib.h>

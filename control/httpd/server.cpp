@@ -42,18 +42,16 @@ constexpr auto kSweepPeriod = std::chrono::milliseconds(200);        // idle-tim
 constexpr auto kAcceptPause = std::chrono::milliseconds(100);        // after EMFILE
 constexpr auto kDescriptorWarningPeriod = std::chrono::seconds(10);  // one log line per period
 constexpr std::size_t kDrainChunk = 64 << 10;
-constexpr std::size_t kDescriptorReserve = 64;  // descriptors left for everything but HTTP
+constexpr auto kDrainTime = std::chrono::seconds(2);  // a refused body is dropped this long at most
+constexpr std::size_t kReadChunk = 16 << 10;          // the poller's header reads
+constexpr std::size_t kMaxHeaderBytes = 64 << 10;     // request line and headers: 431 beyond
+constexpr std::size_t kDescriptorShareDivisor = 2;    // HTTP may use half of ulimit -n
+constexpr auto kStopGrace = std::chrono::seconds(2);  // then busy connections are cut
 
-// Raises the soft descriptor limit to the hard one: each connection is a descriptor, and the
-// default soft limit (1024) is below a thousand idle clients plus the daemon's own.
-rlim_t raise_descriptor_limit() {
+// The soft descriptor limit (the daemons' main() raises it to the hard one first); 0 unknown.
+rlim_t descriptor_limit() {
   rlimit r{};
-  if (::getrlimit(RLIMIT_NOFILE, &r) != 0) return 0;
-  if (r.rlim_cur < r.rlim_max) {
-    rlimit raised = r;
-    raised.rlim_cur = r.rlim_max;
-    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) return raised.rlim_cur;
-  }
+  if (::getrlimit(RLIMIT_NOFILE, &r) != 0 || r.rlim_cur == RLIM_INFINITY) return 0;
   return r.rlim_cur;
 }
 
@@ -66,6 +64,31 @@ std::string too_many_connections(std::size_t limit) {
       R"j({"detail":"too many connections (limit )j" + std::to_string(limit) + R"j()"})j";
   return "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: " +
          std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+}
+
+std::string headers_too_large() {
+  const std::string body = R"j({"detail":"request headers over )j" +
+                           std::to_string(kMaxHeaderBytes >> 10) + R"j( KiB"})j";
+  return "HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: application/json\r\n"
+         "Content-Length: " +
+         std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+}
+
+// Reads what `fd` has without blocking; false when the client closed or the socket failed.
+bool read_available(int fd, std::string& buffer) {
+  for (;;) {
+    const std::size_t had = buffer.size();
+    buffer.resize(had + kReadChunk);
+    const ssize_t n = ::recv(fd, buffer.data() + had, kReadChunk, MSG_DONTWAIT);
+    buffer.resize(had + static_cast<std::size_t>(std::max<ssize_t>(n, 0)));
+    if (n > 0) {
+      if (buffer.size() > kMaxHeaderBytes) return true;  // the caller refuses it
+      continue;
+    }
+    if (n == 0) return false;
+    if (errno == EINTR) continue;
+    return errno == EAGAIN || errno == EWOULDBLOCK;
+  }
 }
 
 }  // namespace
@@ -89,7 +112,7 @@ struct Server::Impl {
   std::deque<Connection*> ready;  // kBusy connections waiting for a handler
   std::uint64_t next_id = kFirstConnectionId;
 
-  std::atomic<std::uint64_t> refused{0}, timed_out{0};
+  std::atomic<std::uint64_t> refused{0}, timed_out{0}, headers_refused{0};
   Clock::time_point last_descriptor_warning{};
 
   Impl(std::string n, Limits l)
@@ -120,6 +143,7 @@ struct Server::Impl {
   }
 
   void poll_loop();
+  void read_headers(Connection& c);
   void accept_all(Clock::time_point& paused_until);
   void sweep_idle();
   void handler_loop();
@@ -149,18 +173,46 @@ void Server::Impl::poll_loop() {
         accept_all(paused_until);
         continue;
       }
-      std::lock_guard lock(mutex);
-      auto it = connections.find(id);
-      if (it == connections.end() || it->second->state != Connection::State::kIdle) continue;
-      it->second->state = Connection::State::kBusy;  // EPOLLONESHOT disarmed it
-      ready.push_back(it->second.get());
-      ready_cv.notify_one();
+      Connection* c = nullptr;
+      {
+        std::lock_guard lock(mutex);
+        auto it = connections.find(id);
+        if (it == connections.end() || it->second->state == Connection::State::kBusy) continue;
+        c = it->second.get();  // only this thread touches an idle connection
+      }
+      read_headers(*c);
     }
     if (now >= next_sweep) {
       sweep_idle();
       next_sweep = now + kSweepPeriod;
     }
   }
+}
+
+// EPOLLONESHOT disarmed `c`: read what came; complete headers go to a handler, partial ones
+// wait in epoll until their deadline, and a client that closed or sent too much is dropped.
+void Server::Impl::read_headers(Connection& c) {
+  const bool open = read_available(c.fd.get(), c.buffer);
+  if (!open) return close_connection(c);
+  if (c.has_headers(kMaxHeaderBytes)) {
+    std::lock_guard lock(mutex);
+    c.state = Connection::State::kBusy;
+    ready.push_back(&c);
+    ready_cv.notify_one();
+    return;
+  }
+  if (c.buffer.size() - c.begin > kMaxHeaderBytes) {
+    headers_refused.fetch_add(1, std::memory_order_relaxed);
+    const std::string answer = headers_too_large();
+    (void)::send(c.fd.get(), answer.data(), answer.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    ::shutdown(c.fd.get(), SHUT_WR);
+    return close_connection(c);
+  }
+  if (c.buffered() && c.state == Connection::State::kIdle) {
+    c.state = Connection::State::kHeaders;
+    c.header_deadline = Clock::now() + limits.header_timeout;
+  }
+  epoll_add(c.fd.get(), c.id, EPOLLIN | EPOLLRDHUP | EPOLLONESHOT, EPOLL_CTL_MOD);
 }
 
 void Server::Impl::accept_all(Clock::time_point& paused_until) {
@@ -175,8 +227,14 @@ void Server::Impl::accept_all(Clock::time_point& paused_until) {
         const auto now = Clock::now();
         if (now - last_descriptor_warning > kDescriptorWarningPeriod) {
           last_descriptor_warning = now;
+          const int error = errno;
+          std::size_t open = 0;
+          {
+            std::lock_guard lock(mutex);
+            open = connections.size();
+          }
           spdlog::warn("{}: cannot accept HTTP connections: {} ({} open)", name,
-                       std::strerror(errno), connections.size());
+                       std::strerror(error), open);
         }
         paused_until = now + kAcceptPause;
         epoll_add(engine.listening_socket(), kListenerId, 0, EPOLL_CTL_MOD);
@@ -207,7 +265,10 @@ void Server::Impl::sweep_idle() {
   std::lock_guard lock(mutex);
   for (auto it = connections.begin(); it != connections.end();) {
     Connection& c = *it->second;
-    if (c.state == Connection::State::kIdle && now >= c.idle_deadline) {
+    const bool idle_over = c.state == Connection::State::kIdle && now >= c.idle_deadline;
+    const bool headers_over = c.state == Connection::State::kHeaders && now >= c.header_deadline;
+    if (idle_over || headers_over) {
+      if (headers_over) timed_out.fetch_add(1, std::memory_order_relaxed);
       ::epoll_ctl(epoll.get(), EPOLL_CTL_DEL, c.fd.get(), nullptr);
       it = connections.erase(it);  // closes it
     } else {
@@ -231,7 +292,12 @@ void Server::Impl::handler_loop() {
       close_connection(*c);
       continue;
     }
-    serve(*c);
+    try {
+      serve(*c);
+    } catch (const std::exception& e) {  // bad_alloc in httplib or a handler: drop this one
+      spdlog::error("{}: HTTP connection dropped: {}", name, e.what());
+      close_connection(*c);
+    }
   }
 }
 
@@ -243,14 +309,28 @@ void Server::Impl::serve(Connection& c) {
   c.refusal_detail.clear();
   c.unread_body = 0;
   c.declared_body = 0;
+  c.body_started = false;
+  c.body_read = 0;
+  c.body_cap = 0;
   ConnectionStream stream(c, limits.io_timeout);
   const bool last = ++c.requests >= limits.max_requests_per_connection;
   bool client_closes = false;
-  const bool ok = gate.process(c, stream, last, client_closes);
-  gate.release(c);
+  bool ok = false;
+  {
+    // The body budget goes back however the request ends (a handler may throw).
+    struct Release {
+      RequestGate& gate;
+      Connection& c;
+      ~Release() { gate.release(c); }
+    } release{gate, c};
+    ok = gate.process(c, stream, last, client_closes);
+  }
+  // A body not read to its end would be parsed as the next request.
+  const bool body_left = c.body_read < c.declared_body;
+  if (body_left && c.unread_body == 0) c.unread_body = c.declared_body - c.body_read;
   drain(c, stream);
   if (c.timed_out) timed_out.fetch_add(1, std::memory_order_relaxed);
-  if (!ok || last || client_closes || c.close_after || c.timed_out || stopping) {
+  if (!ok || last || client_closes || c.close_after || body_left || c.timed_out || stopping) {
     close_connection(c);
     return;
   }
@@ -261,7 +341,10 @@ void Server::Impl::serve(Connection& c) {
 // the connection, and a client still sending would never see the answer.
 void Server::Impl::drain(Connection& c, ConnectionStream& stream) {
   if (c.unread_body == 0 || c.timed_out) return;
-  c.deadline = Clock::now() + limits.body_timeout;
+  // Bounded in time (and so, with the minimum rate, in bytes): a client declaring a terabyte
+  // loses the answer rather than holding a handler.
+  c.deadline = Clock::now() + std::min<Clock::duration>(limits.body_timeout, kDrainTime);
+  c.unread_body = std::min(c.unread_body, limits.max_body_bytes);
   std::vector<char> sink(kDrainChunk);
   while (c.unread_body > 0) {
     const ssize_t n = stream.read(sink.data(), std::min(sink.size(), c.unread_body));
@@ -272,14 +355,20 @@ void Server::Impl::drain(Connection& c, ConnectionStream& stream) {
 
 // Keep-alive: back to the poller, or straight to the queue when the next request is buffered.
 void Server::Impl::give_back(Connection& c) {
+  c.drop_consumed();
   std::lock_guard lock(mutex);
-  if (c.buffered()) {
+  if (c.has_headers(kMaxHeaderBytes)) {
     ready.push_back(&c);
     ready_cv.notify_one();
     return;
   }
-  c.state = Connection::State::kIdle;
-  c.idle_deadline = Clock::now() + limits.idle_timeout;
+  if (c.buffered()) {  // part of the next request: the poller reads the rest
+    c.state = Connection::State::kHeaders;
+    c.header_deadline = Clock::now() + limits.header_timeout;
+  } else {
+    c.state = Connection::State::kIdle;
+    c.idle_deadline = Clock::now() + limits.idle_timeout;
+  }
   epoll_add(c.fd.get(), c.id, EPOLLIN | EPOLLRDHUP | EPOLLONESHOT, EPOLL_CTL_MOD);
 }
 
@@ -312,11 +401,15 @@ const Limits& Server::limits() const {
 Result<int> Server::start(const std::string& host, int port) {
   Impl& s = *impl_;
   if (s.poller.joinable()) return Error{"HTTP server already started"};
-  const rlim_t descriptors = raise_descriptor_limit();
-  if (descriptors > kDescriptorReserve &&
-      s.limits.max_connections > descriptors - kDescriptorReserve)
-    spdlog::warn("{}: {} HTTP connections allowed but only {} descriptors (ulimit -n)", s.name,
-                 s.limits.max_connections, descriptors);
+  // Connections past the descriptor limit would leave ZeroMQ and UCX none (ZeroMQ aborts).
+  const rlim_t descriptors = descriptor_limit();
+  const std::size_t share = static_cast<std::size_t>(descriptors / kDescriptorShareDivisor);
+  if (descriptors > 0 && s.limits.max_connections > share) {
+    spdlog::warn("{}: HTTP connections limited to {} (half of ulimit -n {}) instead of {}", s.name,
+                 share, descriptors, s.limits.max_connections);
+    s.limits.max_connections = std::max<std::size_t>(share, 1);
+    s.refusal = too_many_connections(s.limits.max_connections);
+  }
   int bound = -1;
   if (port == 0) {
     bound = s.engine.bind_to_any_port(host);
@@ -356,7 +449,7 @@ void Server::stop() {
     // Idle connections close now; busy ones when their request is answered.
     std::lock_guard lock(s.mutex);
     for (auto it = s.connections.begin(); it != s.connections.end();) {
-      if (it->second->state == Connection::State::kIdle) {
+      if (it->second->state != Connection::State::kBusy) {
         it = s.connections.erase(it);
       } else {
         ::shutdown(it->second->fd.get(), SHUT_RD);  // a request still arriving ends now
@@ -364,6 +457,18 @@ void Server::stop() {
       }
     }
     s.ready_cv.notify_all();
+  }
+  // A client that does not read its answer must not hold stop(): after a grace, cut the rest.
+  const auto grace_end = Clock::now() + kStopGrace;
+  for (;;) {
+    {
+      std::lock_guard lock(s.mutex);
+      if (s.connections.empty() || Clock::now() >= grace_end) {
+        for (auto& [id, c] : s.connections) ::shutdown(c->fd.get(), SHUT_RDWR);
+        break;
+      }
+    }
+    std::this_thread::sleep_for(kSweepPeriod / 4);  // a poll of a few handler threads
   }
   for (auto& t : s.handlers) t.join();
   s.handlers.clear();
@@ -382,6 +487,7 @@ Counters Server::counters() const {
   c.connections_refused = s.refused.load(std::memory_order_relaxed);
   c.requests_timed_out = s.timed_out.load(std::memory_order_relaxed);
   c.bodies_refused = s.gate.refused();
+  c.headers_refused = s.headers_refused.load(std::memory_order_relaxed);
   return c;
 }
 

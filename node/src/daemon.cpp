@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "kvnode/agent/worker_agent.hpp"
+#include "kvnode/httpd/metrics.hpp"
 #include "kvnode/httpd/server.hpp"
 #include "kvnode/node/local_service.hpp"
 #include "kvnode/node/peer_moves.hpp"
@@ -241,8 +242,10 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const NodeConfig& c) {
       res.status = raw->agent->registered() ? 200 : 503;
       res.set_content(health_json(*raw, true), "application/json");
     });
-    p->http->get("/metrics", [raw](const httplib::Request&, httplib::Response& res) {
-      res.set_content(metrics_text(*raw), "text/plain; version=0.0.4; charset=utf-8");
+    const httpd::Server* server = &*p->http;
+    p->http->get("/metrics", [raw, server](const httplib::Request&, httplib::Response& res) {
+      res.set_content(metrics_text(*raw) + httpd::prometheus_text(server->counters(), "kvnode"),
+                      "text/plain; version=0.0.4; charset=utf-8");
     });
     Result<int> port = p->http->start(c.http_host, c.http_port);
     if (!port) return port.error();

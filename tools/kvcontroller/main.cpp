@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kvnode/common/allocator.hpp"
+#include "kvnode/common/descriptors.hpp"
 #include "kvnode/controller/config.hpp"
 #include "kvnode/controller/controller.hpp"
 
@@ -47,6 +48,7 @@ int main(int argc, char** argv) {
   const ControllerConfig& config = *loaded->config;
   spdlog::set_level(spdlog::level::from_str(config.log_level));
   kvnode::keep_freed_memory();
+  kvnode::raise_descriptor_limit();  // before the listeners size their caps from it
 
   const sigset_t signals = block_stop_signals();
   auto controller = Controller::start(config);

@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "kvnode/common/allocator.hpp"
+#include "kvnode/common/descriptors.hpp"
 #include "kvnode/node/daemon.hpp"
 
 int main(int argc, char** argv) {
@@ -23,6 +24,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kvnode: warning: %s\n", warning.c_str());
   spdlog::set_level(spdlog::level::from_str(parsed->config->log_level));
   kvnode::keep_freed_memory();
+  kvnode::raise_descriptor_limit();  // before the listeners size their caps from it
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);

@@ -3,6 +3,7 @@
 // limit are 413 and over the in-flight budget 503, each with a clear detail and the server still
 // serving afterwards.
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -66,6 +67,7 @@ class BodyBudgetTest : public ApiTest {
     httpd::Limits limits = HttpApi::default_limits();
     limits.max_body_bytes = 2 * kMiB;
     limits.max_bodies_in_flight_bytes = 3 * kMiB;
+    limits.body_grace = std::chrono::minutes(1);  // the slow request below waits on purpose
     api_ = std::make_unique<HttpApi>(*orch_, *registry_, metrics_, limits);
     auto port = api_->start("127.0.0.1", 0);
     ASSERT_TRUE(port.ok()) << port.error().message;
@@ -134,6 +136,109 @@ TEST_F(BodyBudgetTest, OverTheInFlightBudgetIs503UntilABodyFinishes) {
   EXPECT_EQ(get("/metrics").status, 200);                              // and what has no body
   finish_slow_request(slow, 2 * kMiB);
   EXPECT_EQ(post_text("/lookup", lookup_body(2 * kMiB)).status, 200);  // the budget came back
+}
+
+// Sends `bytes` on a new connection and reads until the server closes it (or `patience` ends).
+std::string exchange(int port, const std::string& bytes,
+                     std::chrono::milliseconds patience = std::chrono::seconds(10)) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    ::close(fd);
+    return "connect failed";
+  }
+  std::size_t sent = 0;
+  while (sent < bytes.size()) {
+    const ssize_t n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) break;  // the server may close early: what it answered is still readable
+    sent += static_cast<std::size_t>(n);
+  }
+  std::string reply;
+  const auto until = std::chrono::steady_clock::now() + patience;
+  while (std::chrono::steady_clock::now() < until) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    char buf[4096];
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    reply.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return reply;
+}
+
+std::string status_line(const std::string& reply) {
+  return reply.substr(0, reply.find("\r\n"));
+}
+
+std::size_t answers_in(const std::string& reply) {
+  std::size_t n = 0;
+  for (auto at = reply.find("HTTP/1.1 "); at != std::string::npos;
+       at = reply.find("HTTP/1.1 ", at + 1))
+    ++n;
+  return n;
+}
+
+// Issue 19 review, item 3: each way round the body limits is refused, and the server serves on.
+TEST_F(BodyBudgetTest, APostWithoutALengthIs411) {
+  const std::string reply =
+      exchange(port_, "POST /lookup HTTP/1.1\r\nHost: x\r\n\r\n" + lookup_body(1000), 5s);
+  EXPECT_EQ(status_line(reply), "HTTP/1.1 411 Length Required") << reply;
+  EXPECT_EQ(post_text("/lookup", lookup_body(1000)).status, 200);
+}
+
+TEST_F(BodyBudgetTest, AMalformedContentLengthIs400) {
+  for (const char* length : {"+5", "5x", "-1", "0x5"}) {
+    const std::string reply =
+        exchange(port_,
+                 std::string("POST /lookup HTTP/1.1\r\nHost: x\r\nContent-Length: ") + length +
+                     "\r\n\r\n{\"tokens\":[]}",
+                 5s);
+    EXPECT_EQ(status_line(reply), "HTTP/1.1 400 Bad Request") << length << ": " << reply;
+  }
+}
+
+TEST_F(BodyBudgetTest, ACompressedBodyIs415) {
+  const std::string body = lookup_body(100);
+  const std::string reply =
+      exchange(port_,
+               "POST /lookup HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\nContent-Length: " +
+                   std::to_string(body.size()) + "\r\n\r\n" + body,
+               5s);
+  EXPECT_EQ(status_line(reply), "HTTP/1.1 415 Unsupported Media Type") << reply;
+}
+
+// "Chunked" in any case is chunked to httplib; the body is capped as it arrives.
+TEST_F(BodyBudgetTest, AChunkedBodyOverTheLimitIsNotServed) {
+  const std::string body = lookup_body(3 * kMiB);
+  std::string request = "POST /lookup HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: Chunked\r\n\r\n";
+  constexpr std::size_t kChunk = 64 << 10;
+  char size_line[32];
+  for (std::size_t at = 0; at < body.size(); at += kChunk) {
+    const std::size_t n = std::min(kChunk, body.size() - at);
+    std::snprintf(size_line, sizeof(size_line), "%zx\r\n", n);
+    request += size_line + body.substr(at, n) + "\r\n";
+  }
+  request += "0\r\n\r\n";
+  const std::string reply = exchange(port_, request, 10s);
+  EXPECT_EQ(reply.find("HTTP/1.1 200"), std::string::npos) << status_line(reply);
+  EXPECT_EQ(post_text("/lookup", lookup_body(1000)).status, 200);
+}
+
+// Item 7: a GET's body is never read by httplib; on a kept-alive connection it was parsed as a
+// second request. Now the connection closes after the one answer.
+TEST_F(BodyBudgetTest, AGetWithABodyIsAnsweredOnceAndClosed) {
+  const std::string smuggled = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+  const std::string reply = exchange(port_,
+                                     "GET /controller/workers HTTP/1.1\r\nHost: x\r\n"
+                                     "Content-Length: " +
+                                         std::to_string(smuggled.size()) + "\r\n\r\n" + smuggled,
+                                     5s);
+  EXPECT_EQ(status_line(reply), "HTTP/1.1 200 OK") << reply;
+  EXPECT_EQ(answers_in(reply), 1u) << reply;
 }
 
 }  // namespace

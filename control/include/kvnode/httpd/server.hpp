@@ -1,11 +1,11 @@
 // The HTTP server both daemons use (kvcontroller's API, kvnode's /health and /metrics): cpp-httplib
 // parses requests and writes responses, but the connections are ours. One poller thread holds
 // every idle connection in epoll (an idle or keep-alive connection costs no thread), and a
-// request is handed to a fixed handler pool only once its first bytes arrive, so idle clients
-// cannot starve /health. Bounded everywhere: connections (503 beyond), the time to send the
-// headers and the body, keep-alive (time and requests), body size (413) and the bytes of bodies
-// being read at once (503). A known path asked with another method is 405; JSON bodies are read
-// whatever their Content-Type says (curl -d labels them a form).
+// request is handed to a fixed handler pool only once its headers are complete (the poller reads
+// them), so idle or trickling clients cannot starve /health. Bounded everywhere: connections (503
+// beyond), the time to send the headers and the body, keep-alive (time and requests), body size
+// (413) and the bytes of bodies being read at once (503). A known path asked with another method is
+// 405; JSON bodies are read whatever their Content-Type says (curl -d labels them a form).
 #pragma once
 
 #include <chrono>
@@ -32,6 +32,10 @@ struct Limits {
   std::chrono::milliseconds header_timeout{5000};  // request line and headers, from first byte
   std::chrono::milliseconds body_timeout{60000};   // the whole body
   std::chrono::milliseconds io_timeout{10000};     // one read or write making no progress
+  // After body_grace a body must have kept this average rate (a trickle must not hold a handler
+  // thread or its share of the body budget for the whole body_timeout); 0: no minimum.
+  std::size_t min_body_bytes_per_second = 64 << 10;
+  std::chrono::milliseconds body_grace{5000};
   std::size_t max_requests_per_connection = 1000;
   std::size_t max_body_bytes = std::size_t{64} << 20;               // per request: 413 beyond
   std::size_t max_bodies_in_flight_bytes = std::size_t{256} << 20;  // all requests: 503 beyond
@@ -43,8 +47,9 @@ struct Limits {
 struct Counters {
   std::uint64_t connections_open = 0;
   std::uint64_t connections_refused = 0;  // over max_connections
-  std::uint64_t requests_timed_out = 0;   // headers or body not sent in time
-  std::uint64_t bodies_refused = 0;       // 413 and 503 for body size and budget
+  std::uint64_t requests_timed_out = 0;   // headers or body not sent in time (or too slowly)
+  std::uint64_t bodies_refused = 0;       // 400, 411, 413, 415 and 503 for a body
+  std::uint64_t headers_refused = 0;      // 431: request line and headers over 64 KiB
 };
 
 class Server {
