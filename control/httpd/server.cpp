@@ -180,7 +180,12 @@ void Server::Impl::poll_loop() {
         if (it == connections.end() || it->second->state == Connection::State::kBusy) continue;
         c = it->second.get();  // only this thread touches an idle connection
       }
-      read_headers(*c);
+      try {
+        read_headers(*c);
+      } catch (const std::exception& e) {  // bad_alloc growing its buffer: drop this one
+        spdlog::error("{}: HTTP connection dropped: {}", name, e.what());
+        close_connection(*c);
+      }
     }
     if (now >= next_sweep) {
       sweep_idle();
