@@ -300,5 +300,56 @@ TEST(Listener, OutOfDescriptorsRefusesAndRecovers) {
   EXPECT_TRUE(answer) << answer.error().message;
 }
 
+// A reserve descriptor that could not be opened (another thread took the number) is opened
+// again once descriptors are free, so the next shortage refuses clients instead of pausing.
+TEST(Listener, ALostReserveIsReopened) {
+  ListenerLimits limits;
+  limits.log_interval = 1h;
+  constexpr int kClients = 3;
+  std::vector<int> clients;
+  for (int i = 0; i < kClients; ++i)
+    clients.push_back(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
+  rlimit lowered = saved;
+  lowered.rlim_cur = std::min<rlim_t>(saved.rlim_cur, open_descriptors() + 64);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &lowered), 0);
+  auto fill = [] {
+    std::vector<int> fds;
+    for (int fd; (fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;) fds.push_back(fd);
+    return fds;
+  };
+  auto release = [](std::vector<int>& fds, std::size_t n) {
+    for (; n > 0 && !fds.empty(); --n) {
+      ::close(fds.back());
+      fds.pop_back();
+    }
+  };
+  // Room for the listening socket and the epoll set only: the reserve cannot be opened.
+  std::vector<int> filler = fill();
+  release(filler, 2);
+  ListenerHooks hooks;
+  hooks.answer = [](const LinkBytes&, LinkId) { return ListenerAnswer{text("welcome"), true}; };
+  Result<std::unique_ptr<Listener>> bound =
+      Listener::bind("127.0.0.1", 0, std::move(hooks), limits);
+  release(filler, filler.size());
+  ASSERT_TRUE(bound) << bound.error().message;
+  std::unique_ptr<Listener> listener = std::move(bound).value();
+  listener->progress();  // descriptors are free again
+  filler = fill();
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(listener->port());
+  for (int fd : clients) EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  for (const auto until = Clock::now() + 10s;
+       listener->counters().out_of_descriptors < kClients && Clock::now() < until;)
+    listener->progress();
+  release(filler, filler.size());
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
+  EXPECT_EQ(listener->counters().out_of_descriptors, static_cast<std::uint64_t>(kClients));
+  for (int fd : clients) ::close(fd);
+}
+
 }  // namespace
 }  // namespace kvnode::transfer
