@@ -1,5 +1,6 @@
 #include "request_gate.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <optional>
@@ -84,6 +85,9 @@ void RequestGate::route(const std::string& method, const std::string& path,
   auto wrapped = [this, handler = std::move(handler)](const httplib::Request& req,
                                                       httplib::Response& res) {
     handler(req, res);
+    // The body is read and handled: its budget is free before the answer is written, so a
+    // client that has the answer finds the budget back.
+    if (current != nullptr) return_budget(*current);
     // The answer may take as long to write as a body to read (a handler can wait for workers).
     if (current != nullptr) current->deadline = Clock::now() + limits_.body_timeout;
   };
@@ -204,12 +208,16 @@ httplib::Server::HandlerResponse RequestGate::before_routing(const httplib::Requ
   return R::Handled;
 }
 
-void RequestGate::release(Connection& c) {
+void RequestGate::return_budget(Connection& c) {
   if (c.reserved_body == 0) return;
   in_flight_.fetch_sub(c.reserved_body);
-  if (c.reserved_body >= limits_.trim_after_body_bytes)
-    release_freed_memory();  // this thread's arena
   c.reserved_body = 0;
+}
+
+void RequestGate::release(Connection& c) {
+  return_budget(c);
+  if (std::max(c.declared_body, c.body_read) >= limits_.trim_after_body_bytes)
+    release_freed_memory();  // this thread's arena
 }
 
 }  // namespace kvnode::httpd

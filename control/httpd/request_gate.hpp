@@ -38,6 +38,8 @@ class RequestGate {
   bool process(Connection& c, ConnectionStream& stream, bool last, bool& client_closes);
   // Returns the request's share of the body budget (and idle heap after a large body).
   void release(Connection& c);
+  // Returns the request's share of the body budget only (idempotent).
+  void return_budget(Connection& c);
 
   std::uint64_t refused() const { return refused_.load(std::memory_order_relaxed); }
 
