@@ -34,7 +34,7 @@ struct RegistryOptions {
   double full_sync_timeout = 300.0;  // s
   double worker_timeout = 30.0;      // s without a heartbeat (or a probe) before reaping
   std::size_t max_workers = 65536;   // registrations beyond are refused
-  std::optional<std::string> heartbeat_url;  // handed out in RegisterRetMsg.extra_config
+  std::optional<std::string> heartbeat_url{};  // handed out in RegisterRetMsg.extra_config
   std::uint64_t index_seed = 0;              // 0: random
 };
 
