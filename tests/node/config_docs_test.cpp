@@ -112,8 +112,9 @@ void expect_agree(const Settings& help, const Settings& docs, const std::vector<
     const auto documented = docs.find(key);
     if (documented == docs.end()) continue;
     EXPECT_EQ(documented->second.flags, shown.flags) << program << " " << key << ": flags";
-    if (!shown.default_text.empty())
+    if (!shown.default_text.empty()) {
       EXPECT_EQ(documented->second.default_text, shown.default_text) << program << " " << key;
+    }
   }
 }
 

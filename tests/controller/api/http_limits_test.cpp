@@ -108,9 +108,10 @@ class BodyBudgetTest : public ApiTest {
     char reply[4096];
     const ssize_t n = ::recv(fd, reply, sizeof(reply) - 1, 0);
     EXPECT_GT(n, 0);
-    if (n > 0)
+    if (n > 0) {
       EXPECT_EQ(std::string(reply, 12), "HTTP/1.1 200")
           << std::string(reply, static_cast<std::size_t>(n));
+    }
     ::close(fd);
   }
 };
