@@ -346,10 +346,11 @@ void Server::Impl::serve(Connection& c) {
 // the connection, and a client still sending would never see the answer.
 void Server::Impl::drain(Connection& c, ConnectionStream& stream) {
   if (c.unread_body == 0 || c.timed_out) return;
-  // Bounded in time (and so, with the minimum rate, in bytes): a client declaring a terabyte
-  // loses the answer rather than holding a handler.
+  // Bounded in time and bytes: a client declaring a terabyte loses the answer rather than holding
+  // a handler. Up to twice the limit is read, so a body a little over it (the usual mistake) is
+  // drained whole and its client hears the 413 instead of a reset.
   c.deadline = Clock::now() + std::min<Clock::duration>(limits.body_timeout, kDrainTime);
-  c.unread_body = std::min(c.unread_body, limits.max_body_bytes);
+  c.unread_body = std::min(c.unread_body, 2 * limits.max_body_bytes);
   std::vector<char> sink(kDrainChunk);
   while (c.unread_body > 0) {
     const ssize_t n = stream.read(sink.data(), std::min(sink.size(), c.unread_body));

@@ -234,7 +234,8 @@ Result<std::size_t> LocalClient::get(const ChunkKeys& keys, std::span<std::byte>
     std::size_t got = 0;
     if (!m.pool) {
       if (r->data.size() != r->count * chunk || r->count > n) return make_error("the daemon answered a short chunk");
-      std::memcpy(out.data() + read * chunk, r->data.data(), r->data.size());
+      if (!r->data.empty())  // an empty answer may have no buffer: memcpy from null is UB
+        std::memcpy(out.data() + read * chunk, r->data.data(), r->data.size());
       got = r->count;
     } else {
       std::string error;

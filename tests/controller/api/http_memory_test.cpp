@@ -70,6 +70,11 @@ std::string lookup_body() {
 }
 
 TEST(HttpMemory, LargeBodiesLeaveNoMemoryBehind) {
+#if defined(__SANITIZE_ADDRESS__)
+  // ASan's allocator keeps freed memory in quarantine and never hands it back as glibc does, so
+  // RSS here says nothing about the daemon; the RelWithDebInfo build runs this test.
+  GTEST_SKIP() << "RSS after frees is meaningless under AddressSanitizer";
+#endif
   ChildProcess ctl({KVCONTROLLER_PATH, "--host", "127.0.0.1", "--port", "0", "--monitor-ports",
                     R"({"pull": 0, "reply": 0, "heartbeat": 0})"});
   const int port = http_port_of(ctl);
