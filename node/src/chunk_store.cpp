@@ -36,17 +36,17 @@ Result<gpu::PageId> ChunkStore::take_page(std::uint64_t evict_up_to) {
     emit(StoreEvent::Kind::kEvict, victim);
     return page;  // reused directly: it never goes back through the pool
   }
-  return make_error("location " + location_ + " is full: all " + std::to_string(pool_.page_count()) +
+  return make_error(ErrorCode::kNoRoom, "location " + location_ + " is full: all " + std::to_string(pool_.page_count()) +
                     " pages are pinned, being read or being written" +
                     (evict_up_to == kAnyAge ? "" : ", or hold this writer's own chunks"));
 }
 
 Result<gpu::PageId> ChunkStore::reserve(ChunkHash hash, std::uint64_t evict_up_to) {
   std::lock_guard lock(mutex_);
-  if (frozen_) return make_error(kFrozenText);
+  if (frozen_) return make_error(ErrorCode::kFrozen, kFrozenText);
   if (const auto it = entries_.find(hash); it != entries_.end())
-    return make_error(it->second.state == State::kWriting ? "chunk is already being written"
-                                                          : "chunk is already present");
+    return make_error(ErrorCode::kRefused, it->second.state == State::kWriting ? "chunk is already being written"
+                                                                                : "chunk is already present");
   Result<gpu::PageId> page = take_page(evict_up_to);
   if (!page) return page.error();
   Entry e;
@@ -62,7 +62,7 @@ Result<std::vector<gpu::PageId>> ChunkStore::reserve(std::span<const ChunkHash> 
     Result<gpu::PageId> p = reserve(hashes[i]);
     if (!p) {
       for (std::size_t j = 0; j < i; ++j) abort(hashes[j]);
-      return make_error("chunk " + std::to_string(i) + ": " + p.error().message);
+      return wrap_error("chunk " + std::to_string(i) + ": ", p.error());
     }
     pages.push_back(*p);
   }
@@ -73,12 +73,12 @@ Status ChunkStore::commit(ChunkHash hash) {
   std::lock_guard lock(mutex_);
   const auto it = entries_.find(hash);
   if (it == entries_.end() || it->second.state != State::kWriting)
-    return make_error("commit of a chunk that was not reserved");
+    return make_error(ErrorCode::kNotFound, "commit of a chunk that was not reserved");
   if (frozen_) {  // written, but the sync's snapshot is taken: it would be a key nobody reports
     (void)pool_.release(it->second.page);
     entries_.erase(it);
     --counters_.reserved;
-    return make_error(kFrozenText);
+    return make_error(ErrorCode::kFrozen, kFrozenText);
   }
   it->second.state = State::kReadable;
   it->second.stamp = ++tick_;

@@ -80,7 +80,7 @@ std::string metrics_text(const Daemon::Parts& p) {
   const transfer::PlaneCounters t = p.plane->counters();
   out << "# HELP kvnode_transfers_total Transfers this node started, by result.\n"
          "# TYPE kvnode_transfers_total counter\n";
-  for (int f = 0; f < 8; ++f)
+  for (std::size_t f = 0; f < transfer::kFailureCount; ++f)
     out << "kvnode_transfers_total{result=\"" << transfer::to_string(static_cast<transfer::Failure>(f))
         << "\"} " << t.failures[f] << "\n";
   out << "# HELP kvnode_transfer_bytes_total Bytes moved by the transfer plane.\n"

@@ -84,8 +84,8 @@ class ChunkStore {
   const std::string& location() const { return location_; }
   gpu::ChunkPool& pool() { return pool_; }
 
-  // A page to write `hash` into. Errors: the chunk is already readable or being written, or
-  // every page is pinned, leased or being written. With `evict_up_to` (a tick()), only chunks
+  // A page to write `hash` into. Errors: kRefused (the chunk is already readable or being
+  // written), kNoRoom (every page is pinned, leased or being written), kFrozen. With `evict_up_to` (a tick()), only chunks
   // stamped at or before it are evicted for space: a writer of many chunks (a local put over
   // several rounds) takes tick() when it begins, so its own chunks, stamped later, never make
   // room for its later ones; when nothing older is left the pool counts as full.
@@ -93,7 +93,7 @@ class ChunkStore {
   Result<gpu::PageId> reserve(ChunkHash hash, std::uint64_t evict_up_to = kAnyAge);
   // Up to hashes.size() pages at once, all or nothing (a move's destination).
   Result<std::vector<gpu::PageId>> reserve(std::span<const ChunkHash> hashes);
-  Status commit(ChunkHash hash);  // readable from now on: ADMIT
+  Status commit(ChunkHash hash);  // readable from now on: ADMIT. kNotFound, kFrozen (page given back)
   void abort(ChunkHash hash);     // the write failed: the page goes back, no event
 
   bool contains(ChunkHash hash) const;

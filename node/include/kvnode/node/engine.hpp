@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -52,7 +53,25 @@ class Engine {
   void freeze(bool on) { store_.freeze(on); }
   bool frozen() const { return store_.frozen(); }
   std::vector<std::int64_t> snapshot() const { return store_.snapshot(); }
-  ChunkStore& store() { return store_; }
+
+  // The store's two-phase writes and leases, for the node's services (local clients, peers):
+  // Engine is their one door into the ChunkStore; the semantics are ChunkStore's.
+  Result<gpu::PageId> reserve(ChunkHash hash, std::uint64_t evict_up_to = ChunkStore::kAnyAge) {
+    return store_.reserve(hash, evict_up_to);
+  }
+  Status commit(ChunkHash hash) { return store_.commit(hash); }
+  void abort(ChunkHash hash) { store_.abort(hash); }
+  bool contains(ChunkHash hash) const { return store_.contains(hash); }
+  bool refresh(ChunkHash hash) { return store_.refresh(hash); }
+  std::uint64_t tick() const { return store_.tick(); }
+  std::size_t leading(std::span<const ChunkHash> hashes) { return store_.leading(hashes); }
+  std::vector<Lease> lease_leading(std::span<const ChunkHash> hashes) { return store_.lease_leading(hashes); }
+  std::optional<Lease> lease(ChunkHash hash) { return store_.lease(hash); }
+  ChunkStore::Removal remove_or_defer(ChunkHash hash) { return store_.remove_or_defer(hash); }
+  gpu::ChunkPool& pool() { return store_.pool(); }
+  const std::string& location() const { return store_.location(); }
+  StoreCounters counters() const { return store_.counters(); }
+  ChunkStore& store() { return store_; }  // (being retired: use the operations above)
 
  private:
   ChunkStore& store_;

@@ -25,11 +25,10 @@
 
 #include "kvnode/common/result.hpp"
 #include "kvnode/gpu/chunk_pool.hpp"
+#include "kvnode/transfer/peer_transport.hpp"
 
 namespace kvnode::transfer {
 
-enum class Protocol { kAuto, kRma, kActiveMessage };
-const char* to_string(Protocol p);
 Result<Protocol> parse_protocol(const std::string& text);  // "auto", "rma", "am"
 
 struct PlaneOptions {
@@ -62,46 +61,6 @@ struct PlaneOptions {
       on_ask;
 };
 
-struct PageCopy {
-  gpu::PageId local = 0;
-  gpu::PageId remote = 0;
-};
-
-enum class Failure {
-  kNone,
-  kInvalid,    // the request itself is wrong (page outside a pool, a page written twice)
-  kConnect,    // the peer could not be reached or its handshake was refused
-  kRejected,   // the peer refused part of the request (and logged why)
-  kPeerLost,   // the peer died or the connection broke
-  kTimeout,    // the deadline passed
-  kCancelled,  // cancel(), or the plane stopped
-  kReset,      // another transfer's failure reset this peer's session; safe to retry
-};
-const char* to_string(Failure f);
-
-struct TransferStats {
-  std::uint64_t bytes = 0;  // moved, counting only chunks done
-  std::uint32_t chunks = 0;
-  std::uint32_t ops = 0;                 // UCX operations posted after coalescing
-  std::chrono::nanoseconds queued{0};    // submit -> posted (includes connecting)
-  std::chrono::nanoseconds post{0};      // time spent posting
-  std::chrono::nanoseconds complete{0};  // submit -> reported
-  Protocol protocol = Protocol::kAuto;   // the one used
-  std::string transport;                 // e.g. "cma", "tcp", "rc_mlx5"
-};
-
-struct TransferResult {
-  Failure failure = Failure::kNone;
-  std::string message;             // empty on success
-  std::vector<std::uint8_t> done;  // per requested chunk, in request order: 1 once in place
-  TransferStats stats;
-  bool ok() const { return failure == Failure::kNone; }
-};
-
-struct TransferOptions {
-  std::optional<std::chrono::milliseconds> deadline;  // default: PlaneOptions::default_deadline
-};
-
 // Totals since start, for the node's metrics.
 struct PlaneCounters {
   std::uint64_t transfers_ok = 0;
@@ -112,12 +71,12 @@ struct PlaneCounters {
   std::uint64_t sessions_opened = 0;
   std::uint64_t sessions_reset = 0;
   std::uint64_t requests_rejected = 0;  // peers' requests refused (bad pages, bad lengths)
-  std::uint64_t failures[8] = {};       // by Failure
+  std::uint64_t failures[kFailureCount] = {};  // by Failure
 };
 
 using TransferId = std::uint64_t;
 
-class TransferPlane {
+class TransferPlane final : public PeerTransport {
  public:
   using Callback = std::function<void(TransferResult)>;
 
@@ -129,7 +88,7 @@ class TransferPlane {
   TransferPlane(const TransferPlane&) = delete;
   TransferPlane& operator=(const TransferPlane&) = delete;
 
-  std::string url() const;  // host:port where peers reach this plane
+  std::string url() const override;  // host:port where peers reach this plane
 
   // Reads remote pages of `peer` into local pages.
   TransferId pull(const std::string& peer, std::vector<PageCopy> pages, Callback done,
@@ -138,9 +97,9 @@ class TransferPlane {
   TransferId push(const std::string& peer, std::vector<PageCopy> pages, Callback done,
                   TransferOptions options = {});
   std::future<TransferResult> pull(const std::string& peer, std::vector<PageCopy> pages,
-                                   TransferOptions options = {});
+                                   TransferOptions options = {}) override;
   std::future<TransferResult> push(const std::string& peer, std::vector<PageCopy> pages,
-                                   TransferOptions options = {});
+                                   TransferOptions options = {}) override;
   // Fails the transfer with kCancelled (and resets its session) unless it already ended.
   void cancel(TransferId id);
 
@@ -148,7 +107,7 @@ class TransferPlane {
   // what two nodes agree on around a transfer, e.g. which pages to write. At most 8 KiB each way.
   std::future<Result<std::vector<std::byte>>> ask(const std::string& peer,
                                                   std::vector<std::byte> request,
-                                                  TransferOptions options = {});
+                                                  TransferOptions options = {}) override;
 
   PlaneCounters counters() const;
 
