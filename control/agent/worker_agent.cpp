@@ -14,16 +14,12 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "control_server.hpp"
 #include "controller_link.hpp"
 #include "kvnode/wire/codec.hpp"
 
 namespace kvnode::agent {
 namespace {
-
-constexpr auto kSlice = std::chrono::milliseconds(50);  // how often blocked threads check for stop
-// Control requests are small (a move's token list is the largest); more is hostile.
-constexpr std::int64_t kMaxRequestBytes = 64LL << 20;
-constexpr std::size_t kMaxRequestFrames = 64;
 
 std::string endpoint(const std::string& url) {
   return url.starts_with("tcp://") ? url : "tcp://" + url;
@@ -34,13 +30,6 @@ const T* as(const wire::Msg& m) {
   return std::get_if<T>(&m);
 }
 
-bool is_control(const wire::Msg& m) {
-  return as<wire::ClearWorkerMsg>(m) || as<wire::PinWorkerMsg>(m) ||
-         as<wire::CompressWorkerMsg>(m) || as<wire::DecompressWorkerMsg>(m) ||
-         as<wire::MoveWorkerMsg>(m) || as<wire::HealthWorkerMsg>(m) ||
-         as<wire::CheckFinishWorkerMsg>(m);
-}
-
 }  // namespace
 
 class WorkerAgent::Impl {
@@ -48,15 +37,25 @@ class WorkerAgent::Impl {
   Impl(const AgentOptions& o, AgentHandlers h) : options_(o), handlers_(std::move(h)) {}
   ~Impl() { shutdown(); }
 
-  Status bind_rep();
+  Status serve_control();
   void launch();
   void shutdown();
   int port() const { return port_; }
   void report(const std::string& location, wire::OpType op, std::int64_t hash);
   Result<wire::Msg> call(const wire::Msg& request);
   AgentCounters counters() const {
-    std::lock_guard lock(counters_mutex_);
-    return counters_;
+    AgentCounters c;
+    {
+      std::lock_guard lock(counters_mutex_);
+      c = counters_;
+    }
+    const ControlStats s = server_->stats();
+    c.control_requests = s.requests;
+    c.control_errors = s.errors;
+    c.moves_running = s.moves_running;
+    c.moves_queued = s.moves_queued;
+    c.moves_refused = s.moves_refused;
+    return c;
   }
 
  private:
@@ -72,8 +71,6 @@ class WorkerAgent::Impl {
     std::unique_lock lock(stop_mutex_);
     return stop_cv_.wait_for(lock, d, [&] { return stopping_.load(); });
   }
-  wire::Msg answer(const zmq::message_t& payload);
-  void serve_rep();
   void push_events();
   void register_and_heartbeat();
   void full_sync(const std::string& reason);
@@ -87,7 +84,7 @@ class WorkerAgent::Impl {
   AgentOptions options_;
   AgentHandlers handlers_;
   zmq::context_t context_{1};
-  std::optional<zmq::socket_t> rep_;
+  std::unique_ptr<ControlServer> server_;  // after context_: its socket closes first
   int port_ = 0;
 
   std::atomic<bool> stopping_{false};
@@ -110,41 +107,35 @@ class WorkerAgent::Impl {
 
   mutable std::mutex counters_mutex_;
   AgentCounters counters_;
-  std::thread rep_thread_, events_thread_, control_thread_;
+  std::thread events_thread_, control_thread_;
 };
 
-Status WorkerAgent::Impl::bind_rep() {
-  try {
-    // A ROUTER, not a REP: libzmq's REP loses a later client's reply after a message without the
-    // REQ envelope. The ROUTER answers every request with the envelope it came with.
-    rep_.emplace(context_, zmq::socket_type::router);
-    rep_->set(zmq::sockopt::linger, 0);
-    rep_->set(zmq::sockopt::maxmsgsize, kMaxRequestBytes);
-    rep_->bind(options_.worker_port ? "tcp://*:" + std::to_string(options_.worker_port)
-                                    : std::string("tcp://*:*"));
-    const std::string bound = rep_->get(zmq::sockopt::last_endpoint);
-    port_ = std::stoi(bound.substr(bound.rfind(':') + 1));
-  } catch (const zmq::error_t& e) {
-    return make_error("worker agent: cannot bind the REP port " +
-                      std::to_string(options_.worker_port) + ": " + e.what());
-  }
+// Binds the worker port and answers control requests from now on (moves on their own executor).
+Status WorkerAgent::Impl::serve_control() {
+  Result<std::unique_ptr<ControlServer>> server = ControlServer::start(
+      context_, options_.worker_port, options_.max_queued_moves, handlers_.control);
+  if (!server) return server.error();
+  server_ = std::move(server).value();
+  port_ = server_->port();
   return {};
 }
 
 void WorkerAgent::Impl::launch() {
-  rep_thread_ = std::thread([this] { serve_rep(); });
   events_thread_ = std::thread([this] { push_events(); });
   control_thread_ = std::thread([this] { register_and_heartbeat(); });
 }
 
 void WorkerAgent::Impl::shutdown() {
+  // The control port first, while the rest still runs: a running move finishes, and its reply
+  // and the events it reported reach the controller before the DeRegisterMsg does.
+  if (server_) server_->stop();
   if (stopping_.exchange(true)) return;
   {
     std::lock_guard lock(stop_mutex_);
   }
   stop_cv_.notify_all();
   events_cv_.notify_all();
-  for (std::thread* t : {&control_thread_, &sync_thread_, &rep_thread_, &events_thread_})
+  for (std::thread* t : {&control_thread_, &sync_thread_, &events_thread_})
     if (t->joinable()) t->join();
 }
 
@@ -388,56 +379,6 @@ void WorkerAgent::Impl::push_events() {
     send(wire::DeRegisterMsg{options_.instance_id, options_.worker_id, options_.ip, port_});
 }
 
-// ---- Control requests -------------------------------------------------------------------------
-
-wire::Msg WorkerAgent::Impl::answer(const zmq::message_t& payload) {
-  Result<wire::Msg> request = wire::decode(payload.to_string_view());
-  if (!request) return wire::ErrorMsg{"Worker error: " + request.error().message};
-  if (!is_control(*request))
-    return wire::ErrorMsg{"Unknown message: " + wire::python_class_text(wire::tag_of(*request))};
-  if (!handlers_.control) return wire::ErrorMsg{"Worker error: this worker serves no control requests"};
-  try {
-    return handlers_.control(*request);
-  } catch (const std::exception& e) {
-    return wire::ErrorMsg{std::string("Worker error: ") + e.what()};
-  }
-}
-
-// A request arrives as [identity, envelope..., "", payload] from a REQ, or [identity, payload]
-// from a DEALER that skips the delimiter. The reply goes back with everything up to and including
-// the first empty frame (just the identity when there is none), so REQ and DEALER peers both get
-// their answer; the payload is the last frame, as LMCache reads it.
-void WorkerAgent::Impl::serve_rep() {
-  zmq::pollitem_t item{rep_->handle(), 0, ZMQ_POLLIN, 0};
-  while (!stopping_) {
-    try {
-      if (zmq::poll(&item, 1, kSlice) == 0) continue;
-      std::vector<zmq::message_t> head;  // every frame before the payload (bounded)
-      zmq::message_t frame;
-      while (rep_->recv(frame, zmq::recv_flags::none) && frame.more())
-        if (head.size() < kMaxRequestFrames) head.push_back(std::move(frame));
-      if (head.empty()) continue;  // a ROUTER always prepends the identity
-      std::size_t envelope = 1;
-      for (std::size_t i = 1; i < head.size(); ++i)
-        if (head[i].size() == 0) {
-          envelope = i + 1;
-          break;
-        }
-      const wire::Msg reply = answer(frame);
-      const bool failed = std::holds_alternative<wire::ErrorMsg>(reply);
-      count([&](AgentCounters& c) {
-        ++c.control_requests;
-        if (failed) ++c.control_errors;
-      });
-      const std::string payload = wire::encode(reply);  // before the first frame goes out
-      for (std::size_t i = 0; i < envelope; ++i) rep_->send(head[i], zmq::send_flags::sndmore);
-      rep_->send(zmq::buffer(payload), zmq::send_flags::none);
-    } catch (const std::exception& e) {  // zmq errors, and bad_alloc from a hostile request
-      spdlog::warn("worker agent: control socket: {}", e.what());
-    }
-  }
-}
-
 // ---- Facade -----------------------------------------------------------------------------------
 
 Result<std::unique_ptr<WorkerAgent>> WorkerAgent::start(const AgentOptions& options,
@@ -447,7 +388,7 @@ Result<std::unique_ptr<WorkerAgent>> WorkerAgent::start(const AgentOptions& opti
     return make_error("worker agent: controller_pull_url and controller_reply_url are required");
   if (options.batch_size == 0) return make_error("worker agent: batch_size must be at least 1");
   auto impl = std::make_unique<Impl>(options, std::move(handlers));
-  if (Status s = impl->bind_rep(); !s) return s.error();
+  if (Status s = impl->serve_control(); !s) return s.error();
   impl->launch();
   return std::unique_ptr<WorkerAgent>(new WorkerAgent(std::move(impl)));
 }

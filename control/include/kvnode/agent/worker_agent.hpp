@@ -3,12 +3,20 @@
 // keeps trying (with backoff) until the controller answers; heartbeats by default and runs the
 // commands that come back; reports admits and evicts in batches (at most 50 ops or 10 ms) with
 // per-location sequence numbers from 0; serves the controller's control requests on its worker
-// port (LMCache's REP port; a ROUTER here, so REQ and DEALER peers both get replies) and answers every one, an ErrorMsg for what it cannot do; de-registers on a clean stop. A
-// request that times out recreates its socket, as LMCache does, and the caller gets an error to
-// apply LMCache's fallback reply to.
+// port (LMCache's REP port; a ROUTER here, so REQ and DEALER peers both get replies) and answers
+// every one, an ErrorMsg for what it cannot do; de-registers on a clean stop. A request that
+// times out recreates its socket, as LMCache does, and the caller gets an error to apply
+// LMCache's fallback reply to.
 //
-// Threads: one serves the worker port, one batches and pushes events, one registers and
-// heartbeats. report() and call() are thread-safe; the handlers run on the agent's threads.
+// Threads: one serves the worker port, one runs moves (MoveWorkerMsg, seconds to minutes) one at
+// a time in arrival order, one batches and pushes events, one registers and heartbeats. A move
+// never holds up the worker port: health, clear and pin are answered while it runs, and its reply
+// goes out when it ends. Beyond max_queued_moves waiting moves, a move is answered at once with
+// an ErrorMsg saying the node is busy with N moves. report() and call() are thread-safe.
+// The handlers run on the agent's threads: AgentHandlers::control on two at once (a move on the
+// move thread, anything else on the port's thread), so it must be thread-safe (the node's is).
+// Stopping: a running move finishes (its handler returns) and is answered before the destructor
+// returns; moves still queued never start and are answered with an ErrorMsg.
 #pragma once
 
 #include <chrono>
@@ -48,11 +56,15 @@ struct AgentOptions {
   std::chrono::milliseconds full_sync_poll_interval{5000};  // the longest wait between polls
   int full_sync_max_polls = 60;  // gives up (unfreezes) after this many intervals
   int full_sync_max_resends = 3;
+  // Moves that may wait behind the running one. LMCache's controller sends a worker one move at
+  // a time; ours lets several callers move at once.
+  std::size_t max_queued_moves = 8;
 };
 
 struct AgentHandlers {
   // A control request (Clear, Pin, Move, Compress, Decompress, Health, CheckFinish) -> its reply.
-  // Unset, or throwing: the controller gets an ErrorMsg saying why.
+  // Unset, or throwing: the controller gets an ErrorMsg saying why. Called for a move on the
+  // move thread while other requests are answered on the port's thread: thread-safe.
   std::function<wire::Msg(const wire::Msg& request)> control;
   // The chunk hashes held in LocalCPUBackend, least recently used first: what a full sync sends.
   // Unset: heartbeats asking for a full sync are logged and ignored.
@@ -70,8 +82,11 @@ struct AgentCounters {
   std::uint64_t heartbeat_failures = 0;
   std::uint64_t events_sent = 0;
   std::uint64_t events_dropped = 0;  // could not be queued to the controller (it learns of a gap)
-  std::uint64_t control_requests = 0;
-  std::uint64_t control_errors = 0;
+  std::uint64_t control_requests = 0;  // answered
+  std::uint64_t control_errors = 0;    // answered with an ErrorMsg
+  std::uint64_t moves_running = 0;     // 0 or 1
+  std::uint64_t moves_queued = 0;      // waiting behind it
+  std::uint64_t moves_refused = 0;     // answered "busy": max_queued_moves were waiting
   std::uint64_t full_syncs_started = 0;
   std::uint64_t full_syncs_completed = 0;  // the controller let the worker unfreeze
   bool registered = false;
