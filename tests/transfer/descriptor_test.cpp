@@ -1,7 +1,7 @@
 // The peer descriptor codec: round trip, and bytes off the network treated as hostile.
 #include <gtest/gtest.h>
 
-#include "kvnode/transfer/descriptor.hpp"
+#include "descriptor.hpp"
 #include "support/must.hpp"
 
 namespace kvnode::transfer {

@@ -1,7 +1,7 @@
 // The first contact at peer_init_url: a listener progressed by its own thread, a peer
 // handshaking with it, then the data path connected (over real UCX) to the worker address it
 // learned; and what the listener does with clients that are not peers.
-#include "kvnode/transfer/listener.hpp"
+#include "listener.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -21,7 +21,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "kvnode/transfer/ucx_handles.hpp"
+#include "ucx_handles.hpp"
 #include "support/must.hpp"
 #include "support/tcp_client.hpp"
 

@@ -11,14 +11,14 @@
 
 #include "kvnode/gpu/copy_engine.hpp"
 #include "kvnode/gpu/device_probe.hpp"
-#include "kvnode/transfer/descriptor.hpp"
-#include "kvnode/transfer/listener.hpp"
+#include "descriptor.hpp"
+#include "listener.hpp"
 #include "kvnode/transfer/plane.hpp"
 #include "lanes.hpp"
 #include "pattern.hpp"
 #include "runs.hpp"
 #include "support/must.hpp"
-#include "wire.hpp"
+#include "am_messages.hpp"
 
 namespace kvnode::transfer {
 namespace {
@@ -209,7 +209,8 @@ TEST(Ask, SmallRequestsBetweenNodesGetTheirAnswers) {
     PlaneOptions b_options = o;
     b_options.on_ask = [](const std::string& peer, const std::vector<std::byte>& req)
         -> Result<std::vector<std::byte>> {
-      if (req.size() == 1) return make_error("one byte is not a question");
+      if (req.size() == 1) return make_error(ErrorCode::kFrozen, "one byte is not a question");
+      if (req.size() == 3) std::this_thread::sleep_for(700ms);  // past the asker's deadline
       std::vector<std::byte> out(req.rbegin(), req.rend());
       for (char c : peer) out.push_back(static_cast<std::byte>(c));
       return out;
@@ -226,16 +227,27 @@ TEST(Ask, SmallRequestsBetweenNodesGetTheirAnswers) {
     auto failed = silent->ask(b->url(), {std::byte{1}}).get();
     ASSERT_FALSE(failed);
     EXPECT_NE(failed.error().message.find("one byte is not a question"), std::string::npos);
+    EXPECT_EQ(failed.error().code, ErrorCode::kFrozen) << "the handler's code is carried over";
     failed = b->ask(silent->url(), {std::byte{1}, std::byte{2}}).get();
     ASSERT_FALSE(failed);
     EXPECT_NE(failed.error().message.find("answers no asks"), std::string::npos);
+    EXPECT_EQ(failed.error().code, ErrorCode::kRefused);
     failed = silent->ask(b->url(), std::vector<std::byte>((8 << 10) + 1)).get();
     ASSERT_FALSE(failed);
     EXPECT_NE(failed.error().message.find("8 KiB"), std::string::npos);
+    EXPECT_EQ(failed.error().code, ErrorCode::kInvalid);
+    failed = silent->ask("127.0.0.1", {std::byte{1}, std::byte{2}}).get();
+    ASSERT_FALSE(failed) << "not a url";
+    EXPECT_EQ(failed.error().code, ErrorCode::kInvalid) << failed.error().message;
     TransferOptions quick;
     quick.deadline = 500ms;
     failed = silent->ask("127.0.0.1:1", {std::byte{1}, std::byte{2}}, quick).get();
-    EXPECT_FALSE(failed) << "nobody listens on port 1";
+    ASSERT_FALSE(failed) << "nobody listens on port 1";
+    EXPECT_EQ(failed.error().code, ErrorCode::kPeerLost) << failed.error().message;
+    quick.deadline = 300ms;
+    failed = silent->ask(b->url(), std::vector<std::byte>(3), quick).get();
+    ASSERT_FALSE(failed) << "answered after 700 ms";
+    EXPECT_EQ(failed.error().code, ErrorCode::kDeadline) << failed.error().message;
   }
 }
 
@@ -334,7 +346,7 @@ PlaneOptions plane_over_tcp() {
 
 struct Answer {
   bool received = false;
-  wire::RunHeader header;
+  am::RunHeader header;
   std::size_t length = 0;
   std::string text;
 };
@@ -342,7 +354,7 @@ struct Answer {
 ucs_status_t record_answer(void* arg, const void* header, std::size_t header_length, void* data,
                            std::size_t length, const ucp_am_recv_param_t* p) {
   auto* a = static_cast<Answer*>(arg);
-  if (auto h = wire::read<wire::RunHeader>(header, header_length)) a->header = *h;
+  if (auto h = am::read<am::RunHeader>(header, header_length)) a->header = *h;
   if (header_length == 0) a->header = {};
   a->length = length;
   if (!(p->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) && length < 4096)
@@ -384,9 +396,9 @@ TEST(HostilePeer, RequestsOutsideThePoolAreRejectedAndAnswered) {
   const PeerDescriptor server = must(decode_descriptor(*welcome_bytes));
   const ucx::Endpoint ep = must(ucx::Endpoint::connect(worker, server.worker_address));
   Answer reject, ack, data;
-  set_handler(worker, wire::kPullReject, &reject);
-  set_handler(worker, wire::kPushAck, &ack);
-  set_handler(worker, wire::kPullData, &data);
+  set_handler(worker, am::kPullReject, &reject);
+  set_handler(worker, am::kPushAck, &ack);
+  set_handler(worker, am::kPullData, &data);
   auto send = [&](unsigned id, const void* header, std::size_t hl, const void* body, std::size_t bl) {
     ucp_request_param_t param{};
     const Status sent = worker.wait(ucp_am_send_nbx(ep.get(), id, header, hl, body, bl, &param),
@@ -398,37 +410,38 @@ TEST(HostilePeer, RequestsOutsideThePoolAreRejectedAndAnswered) {
     return a.received;
   };
 
-  const wire::PullRequest request{42, 1};
-  const wire::RunRequest outside{0, 7, 2};  // pages 7 and 8 of an 8-page pool
-  send(wire::kPullRequest, &request, sizeof(request), &outside, sizeof(outside));
+  const am::PullRequest request{42, 1};
+  const am::RunRequest outside{0, 7, 2};  // pages 7 and 8 of an 8-page pool
+  send(am::kPullRequest, &request, sizeof(request), &outside, sizeof(outside));
   ASSERT_TRUE(wait_for(reject));
   EXPECT_EQ(reject.header.transfer, 42u);
-  EXPECT_EQ(reject.header.code, wire::kOutOfPool);
+  EXPECT_EQ(reject.header.code, am::RunCode::kOutOfPool);
   EXPECT_NE(reject.text.find("outside this pool of 8"), std::string::npos) << reject.text;
 
-  const wire::PushHeader push{43, {0, 100, 1}};
-  send(wire::kPushData, &push, sizeof(push), mine.data(), kPageBytes);
+  const am::PushHeader push{43, {0, 100, 1}};
+  send(am::kPushData, &push, sizeof(push), mine.data(), kPageBytes);
   ASSERT_TRUE(wait_for(ack));
   EXPECT_EQ(ack.header.transfer, 43u);
-  EXPECT_EQ(ack.header.code, wire::kOutOfPool);
-  const wire::PushHeader short_push{44, {0, 1, 1}};  // in the pool, but half a page of bytes
+  EXPECT_EQ(ack.header.code, am::RunCode::kOutOfPool);
+  const am::PushHeader short_push{44, {0, 1, 1}};  // in the pool, but half a page of bytes
   ack = {};
-  send(wire::kPushData, &short_push, sizeof(short_push), mine.data(), kPageBytes / 2);
+  send(am::kPushData, &short_push, sizeof(short_push), mine.data(), kPageBytes / 2);
   ASSERT_TRUE(wait_for(ack));
-  EXPECT_EQ(ack.header.code, wire::kBadLength);
+  EXPECT_EQ(ack.header.code, am::RunCode::kBadLength);
   EXPECT_EQ(test::check_pattern(pool.page(1), kPageBytes, 3, 1), kPageBytes) << "page 1 was touched";
 
-  send(wire::kPullRequest, &request, 3, nullptr, 0);  // a truncated header: dropped, counted
-  const wire::RunRequest inside{0, 2, 1};
-  send(wire::kPullRequest, &request, sizeof(request), &inside, sizeof(inside));
+  send(am::kPullRequest, &request, 3, nullptr, 0);  // a truncated header: dropped, counted
+  const am::RunRequest inside{0, 2, 1};
+  send(am::kPullRequest, &request, sizeof(request), &inside, sizeof(inside));
   ASSERT_TRUE(wait_for(data));  // the plane still serves
   EXPECT_EQ(data.length, kPageBytes);
   EXPECT_GE(plane->counters().requests_rejected, 4u);
 }
 
-// Notices (bytes read, pages written) count only on sessions peers opened to this node: a peer
-// this node dialed cannot inflate its served bytes or mark its pages written.
-TEST(HostilePeer, NoticesOnASessionThisNodeOpenedAreIgnored) {
+// Notices (bytes read, pages written) and requests (pull, push) count only on sessions peers
+// opened to this node: a peer this node dialed cannot inflate its served bytes, mark its pages
+// written, read or write its pool through that session; they are counted as refused.
+TEST(HostilePeer, NoticesAndRequestsOnASessionThisNodeOpenedAreRefused) {
   constexpr std::size_t kPageBytes = 4096;
   gpu::ChunkPool pool = make_pool(kPageBytes, 8, 1);
   std::atomic<std::size_t> written{0};
@@ -464,8 +477,8 @@ TEST(HostilePeer, NoticesOnASessionThisNodeOpenedAreIgnored) {
     while (!stop) listener->progress();
   });
   Answer asked, answered;
-  set_handler(worker, wire::kAsk, &asked);
-  set_handler(worker, wire::kAnswer, &answered);
+  set_handler(worker, am::kAsk, &asked);
+  set_handler(worker, am::kAnswer, &answered);
   const std::string url = "127.0.0.1:" + std::to_string(listener->port());
   auto open = plane->ask(url, {std::byte{1}}, {std::chrono::milliseconds(20'000)});
   auto wait_for = [&](Answer& a) {
@@ -486,22 +499,34 @@ TEST(HostilePeer, NoticesOnASessionThisNodeOpenedAreIgnored) {
                                     Clock::now() + 10s, "send");
     ASSERT_TRUE(sent) << "am " << id << ": " << sent.error().message;
   };
-  const wire::PullRequest notice{1, 1};
-  const wire::RunRequest whole_pool{0, 0, 8};
+  const am::PullRequest notice{1, 1};
+  const am::RunRequest whole_pool{0, 0, 8};
   for (int i = 0; i < 4; ++i) {
-    send(wire::kRead, &notice, sizeof(notice), &whole_pool, sizeof(whole_pool));
-    send(wire::kWritten, &notice, sizeof(notice), &whole_pool, sizeof(whole_pool));
+    send(am::kRead, &notice, sizeof(notice), &whole_pool, sizeof(whole_pool));
+    send(am::kWritten, &notice, sizeof(notice), &whole_pool, sizeof(whole_pool));
   }
+  // Requests only an acceptor serves: a pull of page 2 and a push into page 3 of our pool.
+  Answer pulled;
+  set_handler(worker, am::kPullData, &pulled);
+  const am::PullRequest pull{2, 1};
+  const am::RunRequest page_2{0, 2, 1};
+  send(am::kPullRequest, &pull, sizeof(pull), &page_2, sizeof(page_2));
+  const am::PushHeader push{3, {0, 3, 1}};
+  send(am::kPushData, &push, sizeof(push), mine.data(), kPageBytes);
   // Two asks answered after the notices (same endpoint, in order): the plane has handled the
   // notices and folded its counters by the second answer.
   for (std::uint64_t id : {7u, 8u}) {
     answered = {};
-    const wire::AskHeader ask{id, 0, 0};
-    send(wire::kAsk, &ask, sizeof(ask), nullptr, 0);
+    const am::AskHeader ask{id, am::AnswerCode::kAnswered, 0};
+    send(am::kAsk, &ask, sizeof(ask), nullptr, 0);
     ASSERT_TRUE(wait_for(answered));
   }
+  for (auto until = Clock::now() + 200ms; Clock::now() < until;) worker.progress();
   EXPECT_EQ(plane->counters().bytes_served, 0u);
   EXPECT_EQ(written.load(), 0u);
+  EXPECT_FALSE(pulled.received) << "the plane served a pull on a session it opened";
+  EXPECT_EQ(test::check_pattern(pool.page(3), kPageBytes, 1, 3), kPageBytes) << "page 3 was written";
+  EXPECT_GE(plane->counters().requests_rejected, 10u);  // 8 notices, the pull and the push
   plane.reset();
   stop = true;
   accepting.join();

@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "kvnode/gpu/chunk_pool.hpp"
-#include "kvnode/transfer/ucx_handles.hpp"
+#include "ucx_handles.hpp"
 #include "support/must.hpp"
 
 namespace kvnode::transfer::ucx {

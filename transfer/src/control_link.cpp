@@ -1,4 +1,4 @@
-#include "kvnode/transfer/control_link.hpp"
+#include "control_link.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -33,9 +33,19 @@ std::string errno_text(int e) {
 
 }  // namespace
 
-void UniqueFd::reset(int fd) noexcept {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = fd;
+Result<std::pair<std::string, std::uint16_t>> split_url(const std::string& url) {
+  const auto colon = url.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == url.size())
+    return make_error("peer '" + url + "': expected host:port");
+  const std::string port_text = url.substr(colon + 1);
+  if (port_text.size() > 5 || port_text.find_first_not_of("0123456789") != std::string::npos)
+    return make_error("peer '" + url + "': bad port");
+  const unsigned long port = std::stoul(port_text);
+  if (port == 0 || port > 65535) return make_error("peer '" + url + "': port out of range");
+  std::string host = url.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  return std::make_pair(host, static_cast<std::uint16_t>(port));
 }
 
 Result<Epoll> Epoll::create() {

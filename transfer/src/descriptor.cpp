@@ -1,4 +1,4 @@
-#include "kvnode/transfer/descriptor.hpp"
+#include "descriptor.hpp"
 
 #include <msgpack.hpp>
 

@@ -1,4 +1,4 @@
-#include "kvnode/transfer/listener.hpp"
+#include "listener.hpp"
 
 #include <fcntl.h>
 #include <netinet/in.h>

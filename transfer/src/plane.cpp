@@ -3,9 +3,7 @@
 // enforces deadlines, and sleeps on the workers' event fds when there is nothing to do.
 #include <spdlog/spdlog.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/resource.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -15,36 +13,6 @@
 #include "plane_impl.hpp"
 
 namespace kvnode::transfer {
-
-const char* to_string(Protocol p) {
-  switch (p) {
-    case Protocol::kAuto: return "auto";
-    case Protocol::kRma: return "rma";
-    case Protocol::kActiveMessage: return "am";
-  }
-  return "?";
-}
-
-Result<Protocol> parse_protocol(const std::string& text) {
-  if (text == "auto") return Protocol::kAuto;
-  if (text == "rma") return Protocol::kRma;
-  if (text == "am") return Protocol::kActiveMessage;
-  return make_error("protocol '" + text + "': expected auto, rma or am");
-}
-
-const char* to_string(Failure f) {
-  switch (f) {
-    case Failure::kNone: return "ok";
-    case Failure::kInvalid: return "invalid";
-    case Failure::kConnect: return "connect";
-    case Failure::kRejected: return "rejected";
-    case Failure::kPeerLost: return "peer_lost";
-    case Failure::kTimeout: return "timeout";
-    case Failure::kCancelled: return "cancelled";
-    case Failure::kReset: return "reset";
-  }
-  return "?";
-}
 
 namespace {
 
@@ -133,13 +101,14 @@ Status TransferPlane::Impl::init() {
   pool_descriptor_.node = url_;
 
   epoll_ = UniqueFd(epoll_create1(EPOLL_CLOEXEC));
-  wake_ = UniqueFd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  if (epoll_.get() < 0 || wake_.get() < 0)
-    return make_error(std::string("transfer plane: epoll/eventfd: ") + std::strerror(errno));
+  if (!epoll_) return make_error(ErrorCode::kIo, std::string("epoll: ") + std::strerror(errno));
+  Result<EventFd> wake = EventFd::create();
+  if (!wake) return wake.error();
+  wake_.emplace(std::move(wake).value());
   Result<Epoll> links = Epoll::create();
   if (!links) return links.error();
   links_.emplace(std::move(links).value());
-  watch(wake_.get(), true);
+  watch(wake_->fd(), true);
   watch(listener_->event_fd(), true);
   watch(links_->fd(), true);
   thread_ = std::thread([this] { run(); });
@@ -149,8 +118,7 @@ Status TransferPlane::Impl::init() {
 void TransferPlane::Impl::stop() {
   if (!thread_.joinable()) return;
   stopping_ = true;
-  const std::uint64_t one = 1;
-  (void)::write(wake_.get(), &one, sizeof(one));
+  wake_->signal();
   thread_.join();
 }
 
@@ -179,8 +147,7 @@ TransferId TransferPlane::Impl::submit(bool pull, const std::string& peer,
     std::lock_guard lock(commands_mutex_);
     commands_.push_back(Command{Command::kSubmit, std::move(x), id, {}, {}});
   }
-  const std::uint64_t one = 1;
-  (void)::write(wake_.get(), &one, sizeof(one));
+  wake_->signal();
   return id;
 }
 
@@ -189,8 +156,7 @@ void TransferPlane::Impl::cancel(TransferId id) {
     std::lock_guard lock(commands_mutex_);
     commands_.push_back(Command{Command::kCancel, nullptr, id, {}, {}});
   }
-  const std::uint64_t one = 1;
-  (void)::write(wake_.get(), &one, sizeof(one));
+  wake_->signal();
 }
 
 // ---- The progress thread ----------------------------------------------------------------------
@@ -210,8 +176,9 @@ void TransferPlane::Impl::run() {
   }
   // Shutdown: nothing in flight survives the plane.
   drain_commands();
-  while (!initiators_.empty()) reset(*initiators_.begin()->second, Failure::kCancelled, 0, "the transfer plane stopped");
-  while (!acceptors_.empty()) reset(*acceptors_.begin()->second, Failure::kCancelled, 0, "the transfer plane stopped");
+  const std::string why = "the transfer plane stopped";
+  while (!initiators_.empty()) reset(*initiators_.begin()->second, Failure::kCancelled, 0, why);
+  while (!acceptors_.empty()) reset(*acceptors_.begin()->second, Failure::kCancelled, why);
 }
 
 unsigned TransferPlane::Impl::drain_commands() {
@@ -222,12 +189,17 @@ unsigned TransferPlane::Impl::drain_commands() {
   }
   for (Command& c : commands) {
     if (c.kind == Command::kAsk) {
-      Result<Session*> s = stopping_ ? Result<Session*>(make_error("the transfer plane stopped"))
-                                     : session_for(c.peer);
-      if (!s)
-        c.ask.done(s.error());
-      else
+      Result<InitiatorSession*> s =
+          stopping_ ? Result<InitiatorSession*>(make_error("the transfer plane stopped"))
+                    : session_for(c.peer);
+      if (s) {
         (*s)->ask(std::move(c.ask));
+        continue;
+      }
+      // A url that cannot be one is the caller's mistake; anything else, the peer is out of reach.
+      Error e = std::move(s).error();
+      e.code = split_url(c.peer) ? ErrorCode::kPeerLost : ErrorCode::kInvalid;
+      c.ask.done(std::move(e));
       continue;
     }
     if (c.kind == Command::kSubmit) {
@@ -264,7 +236,7 @@ void TransferPlane::Impl::start(std::unique_ptr<Xfer> x) {
     x->fail_all(Failure::kInvalid, "no pages to move");
     return report(std::move(x));
   }
-  Result<Session*> s = session_for(x->peer);
+  Result<InitiatorSession*> s = session_for(x->peer);
   if (!s) {
     const bool bad_url = !split_url(x->peer);
     x->fail_all(bad_url ? Failure::kInvalid : Failure::kConnect, s.error().message);
@@ -277,35 +249,28 @@ void TransferPlane::Impl::start(std::unique_ptr<Xfer> x) {
 unsigned TransferPlane::Impl::progress_sessions() {
   unsigned n = 0;
   const auto now = Clock::now();
-  auto one = [&](Session& s) {
-    n += s.progress();
-    for (auto& [a, result] : s.take_answered(now)) a.done(std::move(result));
-    for (std::unique_ptr<Xfer>& x : s.take_finished()) report(std::move(x));
-    for (const std::vector<gpu::PageId>& pages : s.take_written())
-      if (options_.on_written) options_.on_written(s.peer(), pages);
-    ServeCounters& sc = s.serve_counters();
-    if (sc.bytes || sc.rejected) {
-      std::lock_guard lock(counters_mutex_);
-      counters_.bytes_served += sc.bytes;
-      counters_.requests_rejected += sc.rejected;
-      sc = {};
-    }
-  };
-  std::vector<Session*> broken;
+  std::vector<InitiatorSession*> broken_initiators;
   for (auto& [url, s] : initiators_) {
-    one(*s);
-    if (s->broken()) broken.push_back(s.get());
+    n += s->progress();
+    for (auto& [a, result] : s->take_answered(now)) a.done(std::move(result));
+    for (std::unique_ptr<Xfer>& x : s->take_finished()) report(std::move(x));
+    count_served(*s);
+    if (s->broken()) broken_initiators.push_back(s.get());
   }
-  for (auto& [ep, s] : acceptors_) {
-    one(*s);
-    if (s->broken()) broken.push_back(s.get());
+  std::vector<AcceptorSession*> broken_acceptors;
+  for (auto& [link, s] : acceptors_) {
+    n += s->progress();
+    for (const std::vector<gpu::PageId>& pages : s->take_written())
+      if (options_.on_written) options_.on_written(s->peer(), pages);
+    count_served(*s);
+    if (s->broken()) broken_acceptors.push_back(s.get());
   }
-  for (Session* s : broken) {
+  for (InitiatorSession* s : broken_initiators) {
     // A connection refused or reset before the answer (a peer restarting, a stale backlog
     // entry) is tried again while the transfers' deadlines allow.
     const auto deadline = s->earliest_deadline();
-    if (s->role() == Session::Role::kInitiator && !s->ready() && s->dials < kMaxDials &&
-        deadline && *deadline - Clock::now() > kRedialPause) {
+    if (!s->ready() && s->dials() < kMaxDials && deadline &&
+        *deadline - Clock::now() > kRedialPause) {
       spdlog::info("transfer plane: {}; dialing {} again", s->broken_reason(), s->peer());
       std::this_thread::sleep_for(kRedialPause);
       if (dial_peer(*s)) continue;
@@ -314,45 +279,61 @@ unsigned TransferPlane::Impl::progress_sessions() {
                                                         : s->broken_reason();
     reset(*s, s->ready() ? Failure::kPeerLost : Failure::kConnect, 0, why);
   }
+  for (AcceptorSession* s : broken_acceptors) {
+    const std::string why = s->broken_reason().empty() ? "the connection to " + s->peer() + " failed"
+                                                        : s->broken_reason();
+    reset(*s, s->ready() ? Failure::kPeerLost : Failure::kConnect, why);
+  }
   return n;
+}
+
+void TransferPlane::Impl::count_served(Session& s) {
+  const ServeCounters served = s.take_serve_counters();
+  if (!served.bytes && !served.rejected) return;
+  std::lock_guard lock(counters_mutex_);
+  counters_.bytes_served += served.bytes;
+  counters_.requests_rejected += served.rejected;
 }
 
 void TransferPlane::Impl::expire(Clock::time_point now) {
   for (auto it = initiators_.begin(); it != initiators_.end();) {
-    Session& s = *it->second;
+    InitiatorSession& s = *it->second;
     ++it;
     if (const std::optional<TransferId> id = s.expired(now))
       reset(s, Failure::kTimeout, *id, "transfer " + std::to_string(*id) + " missed its deadline");
   }
 }
 
-void TransferPlane::Impl::reset(Session& s, Failure failure, TransferId culprit,
+void TransferPlane::Impl::reset(InitiatorSession& s, Failure failure, TransferId culprit,
                                 const std::string& why) {
   std::vector<std::unique_ptr<Xfer>> failed = s.fail_all(failure, culprit, why);
   auto asks = s.take_answered(Clock::now());  // fail_all failed the open asks too
-  watch(s.event_fd(), false);
-  std::unique_ptr<Session> owned;
-  if (s.role() == Session::Role::kInitiator) {
-    s.link.reset();  // the peer sees the link end: its acceptor session goes too
-    const auto it = initiators_.find(s.peer());
-    owned = std::move(it->second);
-    initiators_.erase(it);
-  } else {
-    const LinkId link = s.link_id;
-    const auto it = acceptors_.find(link);
-    owned = std::move(it->second);
-    acceptors_.erase(it);
-    listener_->drop(link);
-  }
-  if (failure != Failure::kCancelled || culprit != 0)
-    spdlog::warn("transfer plane: session with {} reset ({}): {}", s.peer(), to_string(failure), why);
-  owned.reset();  // destroys the worker: no operation of the session can touch memory after this
-  {
-    std::lock_guard lock(counters_mutex_);
-    ++counters_.sessions_reset;
-  }
+  s.close_link();  // the peer sees the link end: its acceptor session goes too
+  const auto it = initiators_.find(s.peer());
+  std::unique_ptr<Session> owned = std::move(it->second);
+  initiators_.erase(it);
+  retire(std::move(owned), failure, culprit, why);
   for (std::unique_ptr<Xfer>& x : failed) report(std::move(x));
   for (auto& [a, result] : asks) a.done(std::move(result));
+}
+
+void TransferPlane::Impl::reset(AcceptorSession& s, Failure failure, const std::string& why) {
+  const LinkId link = s.link();
+  const auto it = acceptors_.find(link);
+  std::unique_ptr<Session> owned = std::move(it->second);
+  acceptors_.erase(it);
+  listener_->drop(link);
+  retire(std::move(owned), failure, 0, why);
+}
+
+void TransferPlane::Impl::retire(std::unique_ptr<Session> s, Failure failure, TransferId culprit,
+                                 const std::string& why) {
+  watch(s->event_fd(), false);
+  if (failure != Failure::kCancelled || culprit != 0)
+    spdlog::warn("transfer plane: session with {} reset ({}): {}", s->peer(), to_string(failure), why);
+  s.reset();  // destroys the worker: no operation of the session can touch memory after this
+  std::lock_guard lock(counters_mutex_);
+  ++counters_.sessions_reset;
 }
 
 void TransferPlane::Impl::report(std::unique_ptr<Xfer> x) {
@@ -379,86 +360,16 @@ void TransferPlane::Impl::report(std::unique_ptr<Xfer> x) {
 void TransferPlane::Impl::sleep() {
   bool armed = true;
   for (auto& [url, s] : initiators_) armed = s->worker().arm() && armed;
-  for (auto& [ep, s] : acceptors_) armed = s->worker().arm() && armed;
+  for (auto& [link, s] : acceptors_) armed = s->worker().arm() && armed;
   if (!armed) return;
   bool busy = !where_.empty();
-  for (auto& [ep, s] : acceptors_) busy = busy || s->busy();
+  for (auto& [link, s] : acceptors_) busy = busy || s->busy();
   epoll_event events[16];
   const int n = epoll_wait(epoll_.get(), events, 16, busy ? 1 : 100);
   for (int i = 0; i < n; ++i) {
-    if (events[i].data.fd != wake_.get()) continue;
-    std::uint64_t count = 0;
-    (void)::read(wake_.get(), &count, sizeof(count));
+    if (events[i].data.fd == wake_->fd()) wake_->drain();
   }
   last_event_ = Clock::now();
 }
-
-// ---- Facade -----------------------------------------------------------------------------------
-
-Result<std::unique_ptr<TransferPlane>> TransferPlane::start(const PlaneOptions& options,
-                                                            const gpu::ChunkPool& pool) {
-  auto impl = std::make_unique<Impl>(options, pool);
-  if (Status s = impl->init(); !s) return make_error("transfer plane: " + s.error().message);
-  return std::unique_ptr<TransferPlane>(new TransferPlane(std::move(impl)));
-}
-
-TransferPlane::TransferPlane(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-TransferPlane::~TransferPlane() = default;
-
-std::string TransferPlane::url() const { return impl_->url(); }
-
-TransferId TransferPlane::pull(const std::string& peer, std::vector<PageCopy> pages, Callback done,
-                               TransferOptions options) {
-  return impl_->submit(true, peer, std::move(pages), std::move(done), options);
-}
-
-TransferId TransferPlane::push(const std::string& peer, std::vector<PageCopy> pages, Callback done,
-                               TransferOptions options) {
-  return impl_->submit(false, peer, std::move(pages), std::move(done), options);
-}
-
-namespace {
-
-std::future<TransferResult> as_future(
-    const std::function<void(TransferPlane::Callback)>& submit) {
-  auto promise = std::make_shared<std::promise<TransferResult>>();
-  std::future<TransferResult> future = promise->get_future();
-  submit([promise](TransferResult r) { promise->set_value(std::move(r)); });
-  return future;
-}
-
-}  // namespace
-
-std::future<TransferResult> TransferPlane::pull(const std::string& peer, std::vector<PageCopy> pages,
-                                                TransferOptions options) {
-  return as_future([&](Callback cb) { pull(peer, std::move(pages), std::move(cb), options); });
-}
-
-std::future<TransferResult> TransferPlane::push(const std::string& peer, std::vector<PageCopy> pages,
-                                                TransferOptions options) {
-  return as_future([&](Callback cb) { push(peer, std::move(pages), std::move(cb), options); });
-}
-
-void TransferPlane::cancel(TransferId id) { impl_->cancel(id); }
-
-std::future<Result<std::vector<std::byte>>> TransferPlane::ask(const std::string& peer,
-                                                               std::vector<std::byte> request,
-                                                               TransferOptions options) {
-  auto promise = std::make_shared<std::promise<Result<std::vector<std::byte>>>>();
-  auto future = promise->get_future();
-  if (request.size() > wire::kMaxAskBytes) {
-    promise->set_value(make_error("an ask carries at most 8 KiB"));
-    return future;
-  }
-  PendingAsk a;
-  a.id = impl_->next_ask_id();
-  a.body = std::move(request);
-  a.deadline = Clock::now() + options.deadline.value_or(impl_->default_deadline());
-  a.done = [promise](Result<std::vector<std::byte>> r) { promise->set_value(std::move(r)); };
-  impl_->submit_ask(peer, std::move(a));
-  return future;
-}
-
-PlaneCounters TransferPlane::counters() const { return impl_->counters(); }
 
 }  // namespace kvnode::transfer

@@ -1,5 +1,7 @@
-// The plane's state, shared by plane.cpp (start and stop, the progress thread, the facade) and
-// plane_handshake.cpp (dialing peers, answering their hellos). Private to transfer/src.
+// The plane's state, shared by plane.cpp (start and stop, the progress thread, the facade),
+// plane_initiator.cpp (the sessions this plane dials: dialing, links, welcomes) and
+// plane_acceptor.cpp (the sessions peers open: answering hellos, lost links). Private to
+// transfer/src.
 #pragma once
 
 #include <atomic>
@@ -12,15 +14,14 @@
 #include <unordered_map>
 #include <utility>
 
-#include "kvnode/transfer/descriptor.hpp"
-#include "kvnode/transfer/listener.hpp"
+#include "descriptor.hpp"
+#include "kvnode/common/unique_fd.hpp"
 #include "kvnode/transfer/plane.hpp"
-#include "session.hpp"
+#include "listener.hpp"
+#include "session_acceptor.hpp"
+#include "session_initiator.hpp"
 
 namespace kvnode::transfer {
-
-// A peer url, "host:port" (host may be a bracketed IPv6 literal), as host and port.
-Result<std::pair<std::string, std::uint16_t>> split_url(const std::string& url);
 
 class TransferPlane::Impl {
  public:
@@ -60,32 +61,39 @@ class TransferPlane::Impl {
       Command c{Command::kAsk, nullptr, 0, peer, std::move(a)};
       commands_.push_back(std::move(c));
     }
-    const std::uint64_t one = 1;
-    (void)::write(wake_.get(), &one, sizeof(one));
+    wake_->signal();
   }
   std::uint64_t next_ask_id() { return next_id_++; }
   std::chrono::milliseconds default_deadline() const { return options_.default_deadline; }
 
  private:
-  Result<Session*> session_for(const std::string& peer);
+  // The initiator session to `peer`, dialled now if there is none.
+  Result<InitiatorSession*> session_for(const std::string& peer);
+  SessionSetup session_setup(std::string peer) const;
   AskHandler ask_handler_;
 
   void run();
   unsigned drain_commands();
   void start(std::unique_ptr<Xfer> x);
   unsigned check_links();
-  Status dial_peer(Session& s);
+  Status dial_peer(InitiatorSession& s);
   static constexpr int kMaxDials = 3;
   static constexpr auto kRedialPause = std::chrono::milliseconds(20);
   unsigned progress_sessions();
   void expire(Clock::time_point now);
-  void reset(Session& s, Failure failure, TransferId culprit, const std::string& why);
+  // Ends a session: its transfers and asks fail (the culprit with `failure`, the others as
+  // Failure::kReset where they may retry), its link closes, its worker goes.
+  void reset(InitiatorSession& s, Failure failure, TransferId culprit, const std::string& why);
+  void reset(AcceptorSession& s, Failure failure, const std::string& why);
+  void retire(std::unique_ptr<Session> s, Failure failure, TransferId culprit,
+              const std::string& why);
+  void count_served(Session& s);
   void report(std::unique_ptr<Xfer> x);
   void sleep();
   void watch(int fd, bool add);
-  ListenerAnswer answer(const ucx::Bytes& hello, LinkId link);
+  ListenerAnswer answer(const LinkBytes& hello, LinkId link);
   void lost(LinkId link, const std::string& why);
-  void welcomed(Session& s, const ucx::Bytes& welcome);
+  void welcomed(InitiatorSession& s, const LinkBytes& welcome);
 
   PlaneOptions options_;
   PoolView pool_;
@@ -105,10 +113,10 @@ class TransferPlane::Impl {
   std::unique_ptr<Listener> listener_;
   std::optional<Epoll> links_;  // the initiators' control links
   UniqueFd epoll_;
-  UniqueFd wake_;
+  std::optional<EventFd> wake_;  // callers' commands wake the progress thread
 
-  std::map<std::string, std::unique_ptr<Session>> initiators_;  // by peer url
-  std::map<LinkId, std::unique_ptr<Session>> acceptors_;        // by the listener's link
+  std::map<std::string, std::unique_ptr<InitiatorSession>> initiators_;  // by peer url
+  std::map<LinkId, std::unique_ptr<AcceptorSession>> acceptors_;  // by the listener's link
   std::unordered_map<TransferId, std::string> where_;           // transfer -> peer url
 
   std::mutex commands_mutex_;

@@ -1,7 +1,7 @@
-// Session, the staging half: slots of the staging ring, the copies between chunk pages and
-// slots, and what follows when a copy lands (send the slot, finish the run, acknowledge a push).
-#include <spdlog/spdlog.h>
-
+// Session, the staging half both roles share: slots of the staging ring and the copies between
+// chunk pages and slots. What follows when a copy lands is the role's: landed() in
+// session_initiator.cpp (finish a pulled run, send a pushed one) and session_acceptor.cpp (send a
+// served run, acknowledge a pushed one).
 #include "session.hpp"
 
 namespace kvnode::transfer {
@@ -39,66 +39,6 @@ unsigned Session::poll_copies() {
     ++n;
   }
   return n;
-}
-
-void Session::landed(Copy& c, const Status& status) {
-  ucp_request_param_t param{};
-  switch (c.kind) {
-    case CopyKind::kPullLanded: {
-      if (c.slot) give_slot(*c.slot);
-      Xfer* x = find(c.xfer);
-      if (!x) break;
-      if (status)
-        x->finish_run(c.run);
-      else
-        x->fail_run(c.run, Failure::kRejected, "copying into the local page: " + status.error().message);
-      break;
-    }
-    case CopyKind::kPushStaged: {
-      Xfer* x = find(c.xfer);
-      if (!x || !status || x->run_state[c.run] != 0) {
-        give_slot(*c.slot);
-        if (x && !status)
-          x->fail_run(c.run, Failure::kRejected, "copying out of the local page: " + status.error().message);
-        break;
-      }
-      const Run& run = x->plan.runs[c.run];
-      Op& op = ops_.emplace_back(Op(OpKind::kPushSend, x->id, c.run));
-      op.push = wire::PushHeader{x->id, wire::RunRequest{c.run, run.remote, run.count}};
-      op.slot = c.slot;
-      settle(ucp_am_send_nbx(endpoint_->get(), wire::kPushData, &op.push, sizeof(op.push),
-                             slot_bytes(*c.slot), pool_.page_bytes, &param));
-      break;
-    }
-    case CopyKind::kServeStaged: {
-      if (!status) {
-        give_slot(*c.slot);
-        send_run_header(OpKind::kAck, wire::kPullReject,
-                        {c.header.transfer, c.header.run, wire::kMalformed}, status.error().message);
-        break;
-      }
-      Op& op = ops_.emplace_back(Op(OpKind::kServeSend));
-      op.run_header = c.header;
-      op.runs = {c.target};
-      op.slot = c.slot;
-      settle(ucp_am_send_nbx(endpoint_->get(), wire::kPullData, &op.run_header,
-                             sizeof(op.run_header), slot_bytes(*c.slot), pool_.page_bytes, &param));
-      break;
-    }
-    case CopyKind::kServeLanded: {
-      if (c.slot) give_slot(*c.slot);
-      if (status) {
-        serve_.bytes += span_bytes(c.target.count);
-        std::vector<gpu::PageId> pages(c.target.count);
-        for (std::uint32_t i = 0; i < c.target.count; ++i) pages[i] = c.target.first + i;
-        written_.push_back(std::move(pages));
-      }
-      send_run_header(OpKind::kAck, wire::kPushAck,
-                      {c.header.transfer, c.header.run, status ? wire::kOk : wire::kMalformed},
-                      status ? "" : status.error().message);
-      break;
-    }
-  }
 }
 
 }  // namespace kvnode::transfer

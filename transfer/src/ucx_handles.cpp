@@ -1,4 +1,4 @@
-#include "kvnode/transfer/ucx_handles.hpp"
+#include "ucx_handles.hpp"
 
 #include <cstring>
 

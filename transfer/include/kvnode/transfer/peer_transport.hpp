@@ -73,7 +73,10 @@ class PeerTransport {
   // Writes local pages into remote pages of `peer`; done means the bytes are in the peer's pool.
   virtual std::future<TransferResult> push(const std::string& peer, std::vector<PageCopy> pages,
                                            TransferOptions options) = 0;
-  // A small request to the peer's node and its answer (at most 8 KiB each way).
+  // A small request to the peer's node and its answer (at most 8 KiB each way). Error codes:
+  // kInvalid (a request over 8 KiB, a peer that is not host:port), kPeerLost (the peer could not
+  // be reached, or the session broke before the answer), kDeadline (no answer in time),
+  // kRefused (the peer's node answers no asks), else the code the peer's handler failed with.
   virtual std::future<Result<std::vector<std::byte>>> ask(const std::string& peer, std::vector<std::byte> request,
                                                           TransferOptions options) = 0;
 };

@@ -55,7 +55,7 @@ struct PlaneOptions {
   // are in place. The node marks chunks present from here, never earlier.
   std::function<void(const std::string& peer, const std::vector<gpu::PageId>& pages)> on_written;
   // Answers a peer's ask() (a few KiB at most, both ways), on the progress thread: keep it quick.
-  // Unset: asks are answered with an error.
+  // An error goes back to the asker with its code. Unset: asks are refused (kRefused).
   std::function<Result<std::vector<std::byte>>(const std::string& peer,
                                                const std::vector<std::byte>& request)>
       on_ask;
@@ -104,7 +104,8 @@ class TransferPlane final : public PeerTransport {
   void cancel(TransferId id);
 
   // A small request/answer with the peer's node over the same session (its on_ask answers):
-  // what two nodes agree on around a transfer, e.g. which pages to write. At most 8 KiB each way.
+  // what two nodes agree on around a transfer, e.g. which pages to write. At most 8 KiB each way;
+  // the error codes are PeerTransport::ask's (on_ask's own code reaches the asker).
   std::future<Result<std::vector<std::byte>>> ask(const std::string& peer,
                                                   std::vector<std::byte> request,
                                                   TransferOptions options = {}) override;

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "kvnode/common/result.hpp"
-#include "kvnode/transfer/ucx_handles.hpp"
+#include "ucx_handles.hpp"
 
 namespace kvnode::transfer {
 

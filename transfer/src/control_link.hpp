@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "kvnode/common/result.hpp"
+#include "kvnode/common/unique_fd.hpp"
 
 namespace kvnode::transfer {
 
@@ -30,26 +31,6 @@ inline constexpr std::size_t kLinkHeaderBytes = 12;
 inline constexpr std::size_t kMaxDescriptorBytes = 64 << 10;  // a descriptor is a few hundred
 
 using LinkBytes = std::vector<std::byte>;
-
-// An owned file descriptor.
-class UniqueFd {
- public:
-  explicit UniqueFd(int fd = -1) noexcept : fd_(fd) {}
-  UniqueFd(UniqueFd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  UniqueFd& operator=(UniqueFd&& o) noexcept {
-    std::swap(fd_, o.fd_);
-    return *this;
-  }
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  ~UniqueFd() { reset(); }
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  void reset(int fd = -1) noexcept;
-
- private:
-  int fd_;
-};
 
 // An epoll set, level-triggered; `key` comes back with each ready descriptor.
 class Epoll {
@@ -73,6 +54,8 @@ struct SocketAddress {
   socklen_t length = 0;
 };
 Result<SocketAddress> parse_address(const std::string& host, std::uint16_t port);
+// A peer url, "host:port" (host may be a bracketed IPv6 literal), as host and port.
+Result<std::pair<std::string, std::uint16_t>> split_url(const std::string& url);
 
 // Both ends of a link: no Nagle delay for the small frames, and tcp keepalive (about 11 s) so a
 // peer whose host vanishes without a FIN ends the session on either side, not never.

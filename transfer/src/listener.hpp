@@ -21,7 +21,7 @@
 #include <optional>
 #include <string>
 
-#include "kvnode/transfer/control_link.hpp"
+#include "control_link.hpp"
 
 namespace kvnode::transfer {
 
