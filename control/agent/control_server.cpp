@@ -41,7 +41,9 @@ wire::Msg answer(const ControlServer::Handler& control, const wire::Msg& request
 
 }  // namespace
 
-bool runs_long(const wire::Msg& request) { return holds<wire::MoveWorkerMsg>(request); }
+bool runs_long(const wire::Msg& request) {
+  return holds<wire::MoveWorkerMsg>(request);
+}
 
 Result<std::unique_ptr<ControlServer>> ControlServer::start(zmq::context_t& ctx, int port,
                                                             std::size_t max_queued_moves,
@@ -75,7 +77,9 @@ ControlServer::ControlServer(zmq::socket_t socket, int port, std::unique_ptr<Mov
   thread_ = std::thread([this] { serve(); });
 }
 
-ControlServer::~ControlServer() { stop(); }
+ControlServer::~ControlServer() {
+  stop();
+}
 
 void ControlServer::stop() {
   stopping_ = true;
@@ -139,11 +143,10 @@ void ControlServer::take_request() {
   }
   const MoveExecutor::Load load = moves_->load();
   moves_refused_.fetch_add(1, std::memory_order_relaxed);
-  send(head, wire::ErrorMsg{"Worker error: busy with " +
-                            std::to_string(load.running + load.queued) + " moves (" +
-                            std::to_string(load.running) + " running, " +
-                            std::to_string(load.queued) +
-                            " queued); ask again when one finishes"});
+  send(head,
+       wire::ErrorMsg{"Worker error: busy with " + std::to_string(load.running + load.queued) +
+                      " moves (" + std::to_string(load.running) + " running, " +
+                      std::to_string(load.queued) + " queued); ask again when one finishes"});
 }
 
 void ControlServer::send_finished() {

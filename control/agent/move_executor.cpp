@@ -4,8 +4,7 @@
 
 namespace kvnode::agent {
 
-Result<std::unique_ptr<MoveExecutor>> MoveExecutor::start(std::size_t max_queued,
-                                                          Handler handler) {
+Result<std::unique_ptr<MoveExecutor>> MoveExecutor::start(std::size_t max_queued, Handler handler) {
   Result<EventFd> wake = EventFd::create();
   if (!wake) return wrap_error("worker agent: move executor: ", wake.error());
   return std::unique_ptr<MoveExecutor>(
@@ -17,7 +16,9 @@ MoveExecutor::MoveExecutor(std::size_t max_queued, Handler handler, EventFd wake
   thread_ = std::thread([this] { run(); });
 }
 
-MoveExecutor::~MoveExecutor() { stop(); }
+MoveExecutor::~MoveExecutor() {
+  stop();
+}
 
 bool MoveExecutor::submit(std::uint64_t ticket, wire::Msg request) {
   {

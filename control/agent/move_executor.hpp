@@ -64,11 +64,11 @@ class MoveExecutor {
   EventFd wake_;
   mutable std::mutex mutex_;
   std::condition_variable cv_;
-  std::deque<Job> queue_;           // under mutex_
-  std::vector<Finished> outbox_;    // under mutex_
-  std::size_t running_ = 0;         // under mutex_
-  bool stopping_ = false;           // under mutex_
-  std::thread thread_;              // last: starts once everything above exists
+  std::deque<Job> queue_;         // under mutex_
+  std::vector<Finished> outbox_;  // under mutex_
+  std::size_t running_ = 0;       // under mutex_
+  bool stopping_ = false;         // under mutex_
+  std::thread thread_;            // last: starts once everything above exists
 };
 
 }  // namespace kvnode::agent

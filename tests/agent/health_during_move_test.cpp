@@ -91,7 +91,8 @@ TEST(HealthDuringAMove, TheControllerAnswersHealthUnder100msP99WhileA10sMoveRuns
   AgentHandlers destination;
   destination.snapshot = source.snapshot;
   auto a = std::move(WorkerAgent::start(agent_options("inst-A", *ports, 18711), source)).value();
-  auto b = std::move(WorkerAgent::start(agent_options("inst-B", *ports, 18712), destination)).value();
+  auto b =
+      std::move(WorkerAgent::start(agent_options("inst-B", *ports, 18712), destination)).value();
   for (const auto until = Clock::now() + 30s;
        !(a->registered() && b->registered()) && Clock::now() < until;)
     std::this_thread::sleep_for(10ms);
@@ -131,8 +132,7 @@ TEST(HealthDuringAMove, TheControllerAnswersHealthUnder100msP99WhileA10sMoveRuns
     ms.push_back(std::chrono::duration<double, std::milli>(took).count());
     ASSERT_TRUE(r) << "no answer to /health";
     ASSERT_EQ(r->status, 200) << r->body;
-    EXPECT_EQ(Json::parse(r->body, nullptr, false).value("error_codes", Json()),
-              (Json{{"0", 0}}))
+    EXPECT_EQ(Json::parse(r->body, nullptr, false).value("error_codes", Json()), (Json{{"0", 0}}))
         << r->body;
     std::this_thread::sleep_for(20ms);
   }

@@ -64,8 +64,8 @@ class GatedMoves {
 };
 
 wire::Msg move(std::int64_t id) {
-  return wire::MoveWorkerMsg{"m" + std::to_string(id), kCpu, {"127.0.0.1:1", kCpu},
-                             std::vector<std::int64_t>{id}, false};
+  return wire::MoveWorkerMsg{
+      "m" + std::to_string(id), kCpu, {"127.0.0.1:1", kCpu}, std::vector<std::int64_t>{id}, false};
 }
 
 // A DEALER that labels each request with a frame of its own ([label, "", payload]); the agent
