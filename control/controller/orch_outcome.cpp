@@ -11,9 +11,7 @@ std::string describe(const WorkerLabel& label) {
          label.endpoint + ")";
 }
 
-bool is_deadline_error(const Error& error) {
-  return std::string_view(error.message).starts_with("no reply");
-}
+bool is_deadline_error(const Error& error) { return error.code == ErrorCode::kDeadline; }
 
 WorkerOutcome interpret_tokens_reply(const Result<std::string>& reply,
                                      std::string_view expected_tag,

@@ -46,7 +46,7 @@ inline constexpr std::int64_t kHealthUndecodable = -1003;
 inline constexpr std::int64_t kHealthNoReply = -1004;
 std::int64_t interpret_health_reply(const Result<std::string>& reply);
 
-// The fan-out error means the deadline passed (FanOut reports "no reply from ... within N ms").
+// The fan-out error means the deadline passed (FanOut gives it ErrorCode::kDeadline).
 bool is_deadline_error(const Error& error);
 
 struct Verdict {

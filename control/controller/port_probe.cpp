@@ -13,28 +13,13 @@
 #include <string>
 #include <utility>
 
+#include "kvnode/common/unique_fd.hpp"
+
 namespace kvnode::controller {
 namespace {
 
 // Sockets open at once: bounds the descriptors a probe round takes from the process.
 constexpr std::size_t kBatch = 256;
-
-class Fd {
- public:
-  explicit Fd(int fd = -1) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Fd& operator=(Fd&& o) noexcept {
-    std::swap(fd_, o.fd_);
-    return *this;
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
 
 // A worker's address as a sockaddr; false when it is not a numeric IPv4/IPv6 address.
 bool to_sockaddr(const WorkerEndpoint& ep, sockaddr_storage& out, socklen_t& len) {
@@ -59,20 +44,20 @@ bool to_sockaddr(const WorkerEndpoint& ep, sockaddr_storage& out, socklen_t& len
   return false;
 }
 
-// Starts a non-blocking connect; an invalid Fd when it failed at once (refused, bad address).
-// `done` is set when it already succeeded.
-Fd start_connect(const WorkerEndpoint& ep, bool& done) {
+// Starts a non-blocking connect; an invalid descriptor when it failed at once (refused, bad
+// address). `done` is set when it already succeeded.
+UniqueFd start_connect(const WorkerEndpoint& ep, bool& done) {
   done = false;
   sockaddr_storage addr;
   socklen_t len = 0;
-  if (!to_sockaddr(ep, addr, len)) return Fd();
-  Fd fd(::socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  if (fd.get() < 0) return Fd();
+  if (!to_sockaddr(ep, addr, len)) return UniqueFd();
+  UniqueFd fd(::socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (fd.get() < 0) return UniqueFd();
   if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), len) == 0) {
     done = true;
     return fd;
   }
-  return errno == EINPROGRESS ? std::move(fd) : Fd();
+  return errno == EINPROGRESS ? std::move(fd) : UniqueFd();
 }
 
 }  // namespace
@@ -83,12 +68,12 @@ std::vector<ProbeOutcome> probe_ports(const std::vector<WorkerEndpoint>& endpoin
   out.reserve(endpoints.size());
   for (std::size_t first = 0; first < endpoints.size(); first += kBatch) {
     const std::size_t last = std::min(endpoints.size(), first + kBatch);
-    std::vector<Fd> fds;
+    std::vector<UniqueFd> fds;
     std::vector<pollfd> waiting;
     std::vector<std::size_t> waiting_index;
     for (std::size_t i = first; i < last; ++i) {
       bool done = false;
-      Fd fd = start_connect(endpoints[i], done);
+      UniqueFd fd = start_connect(endpoints[i], done);
       out.push_back(ProbeOutcome{endpoints[i], done});
       if (fd.get() >= 0 && !done) {
         waiting.push_back(pollfd{fd.get(), POLLOUT, 0});

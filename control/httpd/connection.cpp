@@ -30,15 +30,6 @@ void address_of(const sockaddr_storage& a, std::string& ip, int& port) {
 
 }  // namespace
 
-UniqueFd::~UniqueFd() {
-  if (fd_ >= 0) ::close(fd_);
-}
-UniqueFd::UniqueFd(UniqueFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-UniqueFd& UniqueFd::operator=(UniqueFd&& other) noexcept {
-  std::swap(fd_, other.fd_);
-  return *this;
-}
-
 Connection::Connection(UniqueFd socket, std::uint64_t connection_id)
     : fd(std::move(socket)), id(connection_id) {
   sockaddr_storage a{};

@@ -12,24 +12,11 @@
 #include <cstdint>
 #include <string>
 
+#include "kvnode/common/unique_fd.hpp"
+
 namespace kvnode::httpd {
 
 using Clock = std::chrono::steady_clock;
-
-// Owns a descriptor; closes it once.
-class UniqueFd {
- public:
-  explicit UniqueFd(int fd = -1) : fd_(fd) {}
-  ~UniqueFd();
-  UniqueFd(UniqueFd&& other) noexcept;
-  UniqueFd& operator=(UniqueFd&& other) noexcept;
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
 
 struct Connection {
   // kIdle: in epoll, no byte of a request yet; kHeaders: in epoll, part of the headers

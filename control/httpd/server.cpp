@@ -11,7 +11,6 @@
 #include <pthread.h>
 #include <spdlog/spdlog.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -23,6 +22,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -101,7 +101,7 @@ struct Server::Impl {
   std::string refusal;  // the canned 503 for connections over the cap
 
   UniqueFd epoll;
-  UniqueFd wake;
+  std::optional<EventFd> wake;  // stop() wakes the poller
   std::thread poller;
   std::vector<std::thread> handlers;
   std::atomic<bool> stopping{false};
@@ -429,13 +429,18 @@ Result<int> Server::start(const std::string& host, int port) {
   ::listen(listener, kBacklog);  // raises httplib's backlog of 5
   ::fcntl(listener, F_SETFL, ::fcntl(listener, F_GETFL) | O_NONBLOCK);  // accept until EAGAIN
   s.epoll = UniqueFd(::epoll_create1(EPOLL_CLOEXEC));
-  s.wake = UniqueFd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  if (s.epoll.get() < 0 || s.wake.get() < 0) {
+  if (!s.epoll) {
     UniqueFd(s.engine.release_listening_socket());
-    return Error{std::string("HTTP server: ") + std::strerror(errno)};
+    return Error{ErrorCode::kIo, std::string("HTTP server: epoll: ") + std::strerror(errno)};
   }
+  Result<EventFd> wake = EventFd::create();
+  if (!wake) {
+    UniqueFd(s.engine.release_listening_socket());
+    return wrap_error("HTTP server: ", std::move(wake).error());
+  }
+  s.wake.emplace(std::move(wake).value());
   s.epoll_add(s.engine.listening_socket(), kListenerId, EPOLLIN);
-  s.epoll_add(s.wake.get(), kWakeId, EPOLLIN);
+  s.epoll_add(s.wake->fd(), kWakeId, EPOLLIN);
   s.stopping = false;
   s.poller = std::thread([&s] { s.poll_loop(); });
   for (std::size_t i = 0; i < s.limits.handler_threads; ++i)
@@ -447,8 +452,7 @@ void Server::stop() {
   Impl& s = *impl_;
   if (!s.poller.joinable()) return;
   s.stopping = true;
-  const std::uint64_t one = 1;
-  (void)::write(s.wake.get(), &one, sizeof(one));
+  s.wake->signal();
   s.poller.join();
   UniqueFd(s.engine.release_listening_socket());
   {

@@ -92,6 +92,8 @@ TEST(FanOut, HungWorkerFailsAtItsDeadlineOthersSucceed) {
   ASSERT_EQ(results.size(), 3u);
   EXPECT_EQ(text(results[0]), "ok: echo:x");
   EXPECT_EQ(text(results[1]), "error: no reply from " + hung.endpoint() + " within 1000 ms");
+  ASSERT_FALSE(results[1].ok());
+  EXPECT_EQ(results[1].error().code, ErrorCode::kDeadline);  // what the orchestrator branches on
   EXPECT_EQ(text(results[2]), "ok: echo:z");
   EXPECT_GE(elapsed, 990ms);
   EXPECT_LT(elapsed, 2000ms);

@@ -59,7 +59,7 @@ class FanOut {
 
   // Sends every target's payload concurrently. The future becomes ready when each worker has
   // answered or the deadline has passed; results are in target order: the reply's bytes, or an
-  // Error such as "no reply from tcp://10.0.0.5:8500 within 30000 ms".
+  // Error, such as ErrorCode::kDeadline "no reply from tcp://10.0.0.5:8500 within 30000 ms".
   std::future<std::vector<Result<std::string>>> call(std::vector<FanOutTarget> targets,
                                                      std::chrono::milliseconds deadline,
                                                      LateReplyFn on_late = {});
