@@ -30,15 +30,15 @@
 #include <map>
 #include <numeric>
 
-#include "kvnode/node/chunk_pattern.hpp"
-#include "kvnode/node/local_client.hpp"
+#include "kvctl/chunk_pattern.hpp"
+#include "kvnode/client/local_client.hpp"
 #include "netns_rig.hpp"
 
 namespace kvnode::multihost {
 namespace {
 
-using node::ChunkKeys;
-using node::LocalClient;
+using client::ChunkKeys;
+using client::LocalClient;
 
 constexpr std::size_t kChunkTokens = 16;
 constexpr std::size_t kChunkBytes = 256 << 10;
@@ -218,7 +218,7 @@ class MultiHost : public ::testing::Test {
     for (std::size_t k = 0; k < chunk_hashes.size(); ++k) {
       if (!present[k]) continue;
       auto n = c->get(ChunkKeys::of_hashes({chunk_hashes[k]}), got);
-      node::fill_chunk_pattern(want, kSeed, chunk_hashes[k]);
+      kvctl::fill_chunk_pattern(want, kSeed, chunk_hashes[k]);
       if (!n || *n != 1 || got != want) bad.push_back(k);
     }
     return bad;

@@ -1,6 +1,6 @@
 // Issue 19 items 9 and 13: kvctl against a node's local socket that it cannot use says why at
 // once (it used to wait 15 s for an 'info' answer): the file does not exist, the socket is
-// owner-only and we are someone else, nothing listens on it.
+// owner-only and we are someone else, nothing listens on it, the path is not a socket.
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <optional>
 #include <string>
 
@@ -110,6 +111,16 @@ TEST(LocalSocketErrors, AStaleSocketFileIsSaidAtOnce) {
   const KvctlRun r = kvctl_get(path);
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("nothing listens on " + path), std::string::npos) << r.output;
+  EXPECT_LT(r.took, 5s);
+}
+
+TEST(LocalSocketErrors, APathThatIsNoSocketIsSaidAtOnce) {
+  const std::string path = "/tmp/kvnode-not-a-socket-" + std::to_string(::getpid()) + ".sock";
+  std::ofstream(path) << "a file";
+  const KvctlRun r = kvctl_get(path);
+  ::unlink(path.c_str());
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find(path + " is not a socket"), std::string::npos) << r.output;
   EXPECT_LT(r.took, 5s);
 }
 

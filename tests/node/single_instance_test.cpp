@@ -6,7 +6,7 @@
 
 #include <thread>
 
-#include "kvnode/node/local_client.hpp"
+#include "kvnode/client/local_client.hpp"
 #include "support/child_process.hpp"
 
 namespace kvnode::node {
@@ -14,6 +14,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
+using client::LocalClient;
 
 std::vector<std::string> node_argv(const std::string& instance) {
   // No controller listens at these ports: registration keeps retrying, which is fine here.

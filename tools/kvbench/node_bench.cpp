@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "kvnode/node/local_client.hpp"
+#include "kvnode/client/local_client.hpp"
 #include "processes.hpp"
 #include "transfer_bench.hpp"
 
@@ -23,8 +23,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
-using node::ChunkKeys;
-using node::LocalClient;
+using client::ChunkKeys;
+using client::LocalClient;
 
 std::string dir_of(const std::string& path) { return path.substr(0, path.rfind('/') + 1); }
 
@@ -169,7 +169,7 @@ int run_node_bench(const NodeBenchSpec& s) {
     for (std::size_t i = 0; i < s.iterations; ++i) {
       post("/clear", {{"instance_id", "bench-b"}, {"location", "LocalCPUBackend"}});
       const auto t0 = Clock::now();
-      Result<node::RetrieveReply> r = b->retrieve(ChunkKeys::of_hashes(want));
+      Result<client::RetrieveReply> r = b->retrieve(ChunkKeys::of_hashes(want));
       const double t = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
       if (!r || r->chunks != n || r->pulled != n) {
         std::fprintf(stderr, "kvbench node: retrieve of %zu chunks: %s\n", n,

@@ -1,4 +1,4 @@
-// kvctl's commands against a node on this host, over its local socket (LocalClient): put
+// kvctl's commands against a node on this host, over its local socket (kvnode::client): put
 // (generated or file data), get (to a file) and verify (every byte against what put wrote).
 // Generated data is a function of --seed and each chunk's hash, so a chunk can be verified on
 // any node it was moved or copied to. Exit 0 on success, 1 when the node fails or a check does
@@ -15,18 +15,18 @@
 
 #include <nlohmann/json.hpp>
 
+#include "chunk_pattern.hpp"
 #include "cli_support.hpp"
 #include "commands.hpp"
-#include "kvnode/node/chunk_pattern.hpp"
-#include "kvnode/node/local_client.hpp"
+#include "kvnode/client/local_client.hpp"
 
 namespace kvctl {
 namespace {
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
-using kvnode::node::ChunkKeys;
-using kvnode::node::LocalClient;
+using kvnode::client::ChunkKeys;
+using kvnode::client::LocalClient;
 
 constexpr std::size_t kBatch = 8;  // chunks per request: bounds kvctl's memory
 
@@ -106,7 +106,7 @@ void put(const NodeArgs& a) {
   std::size_t stored = 0;
   double busy = 0;  // seconds in the node's put, not generating data
   bool told = false;
-  kvnode::node::PutSeries series;  // the batches are one put: none evicts an earlier one's chunks
+  kvnode::client::PutSeries series;  // the batches are one put: none evicts an earlier one's chunks
   for (std::size_t first = 0; first < hashes.size(); first += kBatch) {
     const std::size_t n = std::min(kBatch, hashes.size() - first);
     for (std::size_t i = 0; i < n; ++i) {
@@ -114,7 +114,7 @@ void put(const NodeArgs& a) {
       if (file.is_open()) {
         if (!file.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(chunk))) fail(1, "--file: read failed");
       } else {
-        kvnode::node::fill_chunk_pattern(out, a.seed, hashes[first + i]);
+        fill_chunk_pattern(out, a.seed, hashes[first + i]);
       }
     }
     const std::vector<std::int64_t> batch(hashes.begin() + static_cast<std::ptrdiff_t>(first),
@@ -123,7 +123,7 @@ void put(const NodeArgs& a) {
     auto r = c->put(ChunkKeys::of_hashes(batch), std::span(buffer.data(), n * chunk), &series);
     // A node refuses writes while a full sync with the controller runs (seconds, at its start).
     for (const auto until = t0 + std::chrono::duration<double>(a.wait_s);
-         !r && r.error().message.find("frozen") != std::string::npos && Clock::now() < until;) {
+         !r && r.error().code == kvnode::ErrorCode::kFrozen && Clock::now() < until;) {
       if (!a.json_out && !told) std::cerr << "the node is syncing with its controller; waiting\n";
       told = true;
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -208,7 +208,7 @@ void verify(const NodeArgs& a) {
       if (!file.read(reinterpret_cast<char*>(expected.data()), static_cast<std::streamsize>(chunk)))
         std::fill(expected.begin(), expected.end(), std::byte{0});
     } else {
-      kvnode::node::fill_chunk_pattern(expected, a.seed, hashes[i]);
+      fill_chunk_pattern(expected, a.seed, hashes[i]);
     }
     if (std::memcmp(expected.data(), bytes.data(), chunk) == 0) return;
     std::size_t at = 0;

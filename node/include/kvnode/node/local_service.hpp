@@ -1,6 +1,9 @@
 // The daemon's local socket: how an inference engine on the same host reaches the node's chunks
-// (LocalClient is the other end). ZeroMQ ROUTER on ipc://<path>; one thread serves every client
-// in arrival order, and every request gets an answer (ok, or an error naming the field).
+// (kvnode::client::LocalClient is the other end). A plain AF_UNIX stream socket at <path>, owner
+// only, with length-prefixed msgpack frames (client/include/kvnode/client/local_framing.hpp). One
+// thread serves every connection (local_socket_server.hpp); retrieve, which crosses the network,
+// runs on its own executor so the others are answered meanwhile. Every request gets an answer:
+// ok, or an error with its code and a message naming the field (local_handlers.hpp).
 //
 // Data path: a staging region in POSIX shared memory (slots of one chunk each) that clients map.
 // A put is reserve (slots) -> the client writes them -> commit (the daemon copies each slot into
@@ -23,20 +26,24 @@
 namespace kvnode::node {
 
 struct LocalServiceOptions {
-  std::string path;                              // the ipc socket file
-  std::string instance;                          // answered by info
+  std::string path{};                          // the socket file
+  std::string instance{};                      // answered by info
   std::int64_t worker_id = 0;
-  std::chrono::milliseconds hold_ttl{30'000};    // reserve/lease holds a client must finish by
-  std::size_t max_holds = 4096;                  // outstanding holds, all clients together
-  std::size_t staging_slots = 0;                 // chunks in the shared staging region; 0: inline only
-  std::string staging_name;                      // its POSIX shm name ("/...")
+  std::chrono::milliseconds hold_ttl{30'000};  // reserve/lease holds a client must finish by
+  std::size_t max_holds = 4096;                // outstanding holds, all clients together
+  std::size_t staging_slots = 0;  // chunks in the shared staging region; 0: inline only
+  std::string staging_name{};     // its POSIX shm name ("/...")
+  std::size_t max_connections = 256;                // beyond: a new connection is closed at once
+  std::chrono::milliseconds stall_timeout{10'000};  // a client stalled mid-request is cut
+  std::size_t max_queued_retrieves = 64;            // beyond: a retrieve is refused (kNoRoom)
 };
 
 class LocalService {
  public:
   // `engine` (and `moves`/`locate`, when given) must outlive the service. Retrieve needs both.
-  static Result<std::unique_ptr<LocalService>> start(const LocalServiceOptions& options, Engine& engine,
-                                                     PeerMoves* moves, Locate locate);
+  static Result<std::unique_ptr<LocalService>> start(const LocalServiceOptions& options,
+                                                     Engine& engine, PeerMoves* moves,
+                                                     Locate locate);
   ~LocalService();  // stops the thread, drops every hold (uncommitted writes are aborted)
   LocalService(const LocalService&) = delete;
   LocalService& operator=(const LocalService&) = delete;
@@ -44,6 +51,7 @@ class LocalService {
   const std::string& path() const;
   std::uint64_t requests() const;  // served, errors included
   std::uint64_t errors() const;
+  std::uint64_t connections() const;  // open now
 
   struct Impl;
 

@@ -3,13 +3,19 @@
 // chain), into and out of the caller's memory. Chunk bytes go through the daemon's shared staging
 // region (the client writes or reads slots, the daemon copies them to or from its pool; no byte
 // crosses the socket); when the client cannot map it, bytes travel over the socket. Large
-// requests are split into rounds of as many chunks as the staging region holds. Every call answers within the timeout, with an error when the
-// daemon does not answer. Not thread-safe: one client per thread.
+// requests are split into rounds of as many chunks as the staging region holds.
 //
-//   auto client = kvnode::node::LocalClient::connect("/tmp/kvnode-vllm-0-0.sock").value();
+// The socket is a plain AF_UNIX stream (owner-only). connect() fails at once when the node cannot
+// be reached, saying why; every call answers within the timeout or fails with
+// ErrorCode::kDeadline; a connection the node closed fails that call with kPeerLost, and the next
+// call connects again. Errors the node answers keep its code (kFrozen while a full sync runs:
+// ask again shortly). Not thread-safe: one client per thread. This library links no UCX, ZeroMQ
+// or CUDA: it is what the C and Python bindings wrap.
+//
+//   auto client = kvnode::client::LocalClient::connect("/tmp/kvnode-vllm-0-0.sock").value();
 //   const std::size_t n = client->info().chunk_bytes;
-//   client->put(kvnode::node::ChunkKeys::of_tokens(tokens), kv_bytes);   // n bytes per chunk
-//   std::size_t got = client->get(kvnode::node::ChunkKeys::of_tokens(tokens), out).value();
+//   client->put(kvnode::client::ChunkKeys::of_tokens(tokens), kv_bytes);  // n bytes per chunk
+//   std::size_t got = client->get(kvnode::client::ChunkKeys::of_tokens(tokens), out).value();
 #pragma once
 
 #include <chrono>
@@ -22,11 +28,11 @@
 
 #include "kvnode/common/result.hpp"
 
-namespace kvnode::node {
+namespace kvnode::client {
 
 // Chunks named by their hashes, or by the tokens whose chunks they are.
 struct ChunkKeys {
-  std::vector<std::int64_t> values;
+  std::vector<std::int64_t> values{};
   bool tokens = false;
   static ChunkKeys of_hashes(std::vector<std::int64_t> h) { return {std::move(h), false}; }
   static ChunkKeys of_tokens(std::vector<std::int64_t> t) { return {std::move(t), true}; }
@@ -36,8 +42,8 @@ struct NodeInfo {
   std::size_t chunk_bytes = 0;  // bytes per chunk (one pool page)
   std::size_t chunk_size = 0;   // tokens per chunk
   std::size_t pages = 0;
-  std::string shm;              // the staging region's name; "" when bytes go inline
-  std::string location, instance;
+  std::string shm{};            // the staging region's name; "" when bytes go inline
+  std::string location{}, instance{};
   std::int64_t worker_id = 0;
 };
 
@@ -45,7 +51,7 @@ struct RetrieveReply {
   std::size_t chunks = 0;  // leading chunks held locally now
   std::size_t pulled = 0;  // of them, pulled from a peer
   std::size_t tokens = 0;  // by tokens: the leading tokens held
-  std::string peer;        // the peer pulled from
+  std::string peer{};      // the peer pulled from
 };
 
 // One logical put made of several put() calls: what the first call learns from the node.
@@ -75,7 +81,8 @@ class LocalClient {
   // chunks (only older ones, least recently used first) and keeps the longest prefix that fits.
   // One put split over several calls passes the same PutSeries to each, so a later call cannot
   // evict what an earlier one stored either.
-  Result<std::size_t> put(const ChunkKeys& keys, std::span<const std::byte> data, PutSeries* series = nullptr);
+  Result<std::size_t> put(const ChunkKeys& keys, std::span<const std::byte> data,
+                          PutSeries* series = nullptr);
   // Copies the leading stored chunks into out (chunk after chunk); returns how many. An error
   // when out is too small for every stored chunk asked for.
   Result<std::size_t> get(const ChunkKeys& keys, std::span<std::byte> out);
@@ -95,4 +102,4 @@ class LocalClient {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace kvnode::node
+}  // namespace kvnode::client

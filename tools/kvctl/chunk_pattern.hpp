@@ -1,6 +1,6 @@
 // Generated chunk contents: the bytes `kvctl put --seed S` writes for a chunk, a function of the
 // seed and the chunk's hash only, so any node holding a copy can be checked against them
-// (`kvctl verify`, the demo, the multi-host test).
+// (`kvctl verify`, the demo, the multi-host test). Test data: kvctl's, not the node's API.
 #pragma once
 
 #include <algorithm>
@@ -9,7 +9,7 @@
 #include <cstring>
 #include <span>
 
-namespace kvnode::node {
+namespace kvctl {
 
 // splitmix64 from (seed, hash), 8 bytes per step; a short tail takes the first bytes of a step.
 inline void fill_chunk_pattern(std::span<std::byte> out, std::uint64_t seed, std::int64_t hash) {
@@ -23,4 +23,4 @@ inline void fill_chunk_pattern(std::span<std::byte> out, std::uint64_t seed, std
   }
 }
 
-}  // namespace kvnode::node
+}  // namespace kvctl

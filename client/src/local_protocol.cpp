@@ -1,12 +1,30 @@
-#include "local_protocol.hpp"
+#include "kvnode/client/local_protocol.hpp"
 
 #include <msgpack.hpp>
 
+#include <array>
 #include <cstring>
 #include <functional>
+#include <optional>
 
-namespace kvnode::node::local {
+namespace kvnode::client::protocol {
 namespace {
+
+constexpr std::array kOps = {LocalOp::kInfo,   LocalOp::kHashes,  LocalOp::kContains, LocalOp::kLookup,
+                             LocalOp::kPut,    LocalOp::kGet,     LocalOp::kReserve,  LocalOp::kCommit,
+                             LocalOp::kAbort,  LocalOp::kLease,   LocalOp::kRelease,  LocalOp::kRetrieve};
+
+std::optional<LocalOp> op_named(std::string_view name) {
+  for (LocalOp op : kOps)
+    if (name == to_string(op)) return op;
+  return std::nullopt;
+}
+
+std::string op_names() {
+  std::string out;
+  for (LocalOp op : kOps) out += (out.empty() ? "" : ", ") + std::string(to_string(op));
+  return out;
+}
 
 using Packer = msgpack::packer<msgpack::sbuffer>;
 
@@ -51,7 +69,9 @@ void add_ints(MapOut& m, const char* key, const std::vector<std::int64_t>& v) {
   });
 }
 
-Status field_error(const std::string& path, const std::string& what) { return make_error(path + ": " + what); }
+Status field_error(const std::string& path, const std::string& what) {
+  return make_error(ErrorCode::kInvalid, path + ": " + what);
+}
 
 Status read_uint(const msgpack::object& v, const std::string& path, std::uint64_t& out) {
   if (v.type != msgpack::type::POSITIVE_INTEGER) return field_error(path, "expected an unsigned integer");
@@ -100,13 +120,16 @@ Status read_map(std::span<const std::byte> bytes, const char* root, OnField on_f
     const msgpack::unpack_limit limits(kMaxKeys, 32, 4096, kMaxInlineBytes, 0, 3);
     handle = msgpack::unpack(reinterpret_cast<const char*>(bytes.data()), bytes.size(), nullptr, nullptr, limits);
   } catch (const std::exception& e) {
-    return make_error(std::string(root) + ": not a valid msgpack message (" + e.what() + ")");
+    return make_error(ErrorCode::kInvalid,
+                      std::string(root) + ": not a valid msgpack message (" + e.what() + ")");
   }
   const msgpack::object& o = handle.get();
-  if (o.type != msgpack::type::MAP) return make_error(std::string(root) + ": expected a map");
+  if (o.type != msgpack::type::MAP)
+    return make_error(ErrorCode::kInvalid, std::string(root) + ": expected a map");
   for (std::uint32_t i = 0; i < o.via.map.size; ++i) {
     const msgpack::object& k = o.via.map.ptr[i].key;
-    if (k.type != msgpack::type::STR) return make_error(std::string(root) + ": a key is not a string");
+    if (k.type != msgpack::type::STR)
+      return make_error(ErrorCode::kInvalid, std::string(root) + ": a key is not a string");
     const std::string key(k.via.str.ptr, k.via.str.size);
     if (Status s = on_field(key, o.via.map.ptr[i].val, std::string(root) + "." + key); !s) return s;
   }
@@ -115,9 +138,41 @@ Status read_map(std::span<const std::byte> bytes, const char* root, OnField on_f
 
 }  // namespace
 
+const char* to_string(LocalOp op) noexcept {
+  switch (op) {
+    case LocalOp::kInfo: return "info";
+    case LocalOp::kHashes: return "hashes";
+    case LocalOp::kContains: return "contains";
+    case LocalOp::kLookup: return "lookup";
+    case LocalOp::kPut: return "put";
+    case LocalOp::kGet: return "get";
+    case LocalOp::kReserve: return "reserve";
+    case LocalOp::kCommit: return "commit";
+    case LocalOp::kAbort: return "abort";
+    case LocalOp::kLease: return "lease";
+    case LocalOp::kRelease: return "release";
+    case LocalOp::kRetrieve: return "retrieve";
+  }
+  return "unknown";
+}
+
+ErrorCode error_code_named(std::string_view name) noexcept {
+  for (auto c = static_cast<int>(ErrorCode::kInvalid); c <= static_cast<int>(ErrorCode::kInternal); ++c)
+    if (name == to_string(static_cast<ErrorCode>(c))) return static_cast<ErrorCode>(c);
+  return ErrorCode::kInternal;
+}
+
+Reply failure(const Error& error) {
+  Reply r;
+  r.ok = false;
+  r.code = error.code;
+  r.error = error.message;
+  return r;
+}
+
 std::vector<std::byte> encode(const Request& r) {
   MapOut m;
-  m.add("op", [&r](Packer& pk) { pack_str(pk, r.op); });
+  m.add("op", [&r](Packer& pk) { pack_str(pk, to_string(r.op)); });
   if (r.by_tokens) add_ints(m, "tokens", r.tokens);
   else if (!r.hashes.empty()) add_ints(m, "hashes", r.hashes);
   if (!r.data.empty()) m.add("data", [&r](Packer& pk) { pack_bin(pk, r.data); });
@@ -129,7 +184,10 @@ std::vector<std::byte> encode(const Request& r) {
 std::vector<std::byte> encode(const Reply& r) {
   MapOut m;
   m.add("ok", [&r](Packer& pk) { pk.pack(r.ok); });
-  if (!r.error.empty()) m.add("error", [&r](Packer& pk) { pack_str(pk, r.error); });
+  if (!r.ok) {
+    m.add("error", [&r](Packer& pk) { pack_str(pk, r.error); });
+    m.add("code", [&r](Packer& pk) { pack_str(pk, to_string(r.code)); });
+  }
   const std::pair<const char*, const std::uint64_t*> uints[] = {
       {"chunk_bytes", &r.chunk_bytes}, {"chunk_size", &r.chunk_size}, {"pages", &r.pages},
       {"slots", &r.slots},   {"hold", &r.hold},             {"count", &r.count},
@@ -159,7 +217,12 @@ Result<Request> decode_request(std::span<const std::byte> bytes) {
                                            const std::string& path) -> Status {
     if (key == "op") {
       has_op = true;
-      return read_str(v, path, r.op);
+      std::string name;
+      if (Status s = read_str(v, path, name); !s) return s;
+      const std::optional<LocalOp> op = op_named(name);
+      if (!op) return field_error(path, "unknown operation '" + name + "' (" + op_names() + ")");
+      r.op = *op;
+      return {};
     }
     if (key == "hashes") return read_ints(v, path, r.hashes);
     if (key == "tokens") {
@@ -172,8 +235,9 @@ Result<Request> decode_request(std::span<const std::byte> bytes) {
     return field_error(path, "unknown field");
   });
   if (!s) return s.error();
-  if (!has_op) return make_error("request.op: missing");
-  if (r.by_tokens && !r.hashes.empty()) return make_error("request: give hashes or tokens, not both");
+  if (!has_op) return make_error(ErrorCode::kInvalid, "request.op: missing");
+  if (r.by_tokens && !r.hashes.empty())
+    return make_error(ErrorCode::kInvalid, "request: give hashes or tokens, not both");
   return r;
 }
 
@@ -187,6 +251,12 @@ Result<Reply> decode_reply(std::span<const std::byte> bytes) {
       return {};
     }
     if (key == "error") return read_str(v, path, r.error);
+    if (key == "code") {
+      std::string name;
+      if (Status s = read_str(v, path, name); !s) return s;
+      r.code = error_code_named(name);
+      return {};
+    }
     if (key == "chunk_bytes") return read_uint(v, path, r.chunk_bytes);
     if (key == "chunk_size") return read_uint(v, path, r.chunk_size);
     if (key == "pages") return read_uint(v, path, r.pages);
@@ -220,4 +290,4 @@ Result<Reply> decode_reply(std::span<const std::byte> bytes) {
   return r;
 }
 
-}  // namespace kvnode::node::local
+}  // namespace kvnode::client::protocol

@@ -1,0 +1,88 @@
+// The local socket's messages: what LocalClient and the node's LocalService say to each other.
+// One msgpack map per request and per reply, each in one frame (local_framing.hpp) on an AF_UNIX
+// stream socket. Shared by the client and the node; an engine uses LocalClient, not this.
+//
+// Request keys: "op" (info, hashes, contains, lookup, put, get, reserve, commit, abort, lease,
+// release, retrieve), "hashes" or "tokens" (the chunks), "data" (bin: put's inline bytes, chunk
+// after chunk), "hold" (commit/abort/release: the id reserve/lease answered), "since"
+// (put/reserve: the tick an earlier call of the same put answered; absent: the put begins now).
+// Reply keys: "ok"; when not ok, "error" (for a person) and "code" (for a program: an ErrorCode's
+// to_string name, e.g. "frozen"); and what the op answers (see local_client.hpp).
+// Decoding checks every type and length and names the field path in its errors; the op string
+// is parsed once, into LocalOp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvnode/common/result.hpp"
+
+namespace kvnode::client::protocol {
+
+inline constexpr std::size_t kMaxKeys = 1 << 20;            // hashes or tokens in one request
+inline constexpr std::size_t kMaxInlineBytes = 256u << 20;  // put/get bytes carried inline
+inline constexpr std::size_t kMaxMessageBytes = kMaxInlineBytes + (16u << 20);
+
+enum class LocalOp : std::uint8_t {
+  kInfo,
+  kHashes,
+  kContains,
+  kLookup,
+  kPut,
+  kGet,
+  kReserve,
+  kCommit,
+  kAbort,
+  kLease,
+  kRelease,
+  kRetrieve,
+};
+const char* to_string(LocalOp op) noexcept;
+// An ErrorCode from its to_string name; a name this build does not know is kInternal.
+ErrorCode error_code_named(std::string_view name) noexcept;
+
+struct Request {
+  LocalOp op = LocalOp::kInfo;
+  std::vector<std::int64_t> hashes{};
+  std::vector<std::int64_t> tokens{};
+  bool by_tokens = false;
+  std::vector<std::byte> data{};
+  std::uint64_t hold = 0;
+  std::uint64_t since = 0;  // put/reserve: evict only chunks stored before this tick (0: now)
+};
+
+struct Reply {
+  bool ok = true;
+  ErrorCode code = ErrorCode::kInternal;  // when not ok
+  std::string error{};
+  // info
+  std::uint64_t chunk_bytes = 0, chunk_size = 0, pages = 0;
+  std::uint64_t slots = 0;  // staging slots (one chunk each) in the shm region
+  std::int64_t worker_id = 0;
+  std::string shm{}, location{}, instance{};
+  // per op
+  std::vector<bool> present{};          // contains
+  std::vector<std::int64_t> offsets{};  // reserve/lease: each chunk's slot (byte offset); -1 stored
+  std::vector<std::int64_t> hashes{};   // hashes: the chunk hashes of the tokens
+  std::uint64_t hold = 0;               // reserve/lease
+  std::uint64_t count = 0;   // put/commit: chunks stored; get/lease/retrieve: leading held
+  std::uint64_t tokens = 0;  // lookup/retrieve: leading tokens held
+  std::uint64_t pulled = 0;  // retrieve
+  std::uint64_t since = 0;   // put/reserve: the put's tick, for its later calls
+  std::string peer{};        // retrieve
+  std::vector<std::byte> data{};  // get
+};
+
+// A reply that carries `error` (its code and message).
+Reply failure(const Error& error);
+
+std::vector<std::byte> encode(const Request& r);
+std::vector<std::byte> encode(const Reply& r);
+Result<Request> decode_request(std::span<const std::byte> bytes);
+Result<Reply> decode_reply(std::span<const std::byte> bytes);
+
+}  // namespace kvnode::client::protocol

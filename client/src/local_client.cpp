@@ -1,0 +1,299 @@
+#include "kvnode/client/local_client.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+
+#include "kvnode/client/local_protocol.hpp"
+#include "kvnode/common/unique_fd.hpp"
+#include "shared_staging.hpp"
+#include "unix_socket.hpp"
+
+namespace kvnode::client {
+namespace {
+
+// The same error (its code kept) with what the call had done before it.
+Error with_stored(Error e, std::size_t stored) {
+  e.message += " (" + std::to_string(stored) + " chunks stored before)";
+  return e;
+}
+
+}  // namespace
+
+struct LocalClient::Impl {
+  std::string path;
+  LocalClientOptions options;
+  UniqueFd socket;  // invalid between a broken connection and the next call
+  NodeInfo info;
+  std::optional<detail::SharedStaging> pool;
+  std::size_t slots = 0;  // chunks per shared-memory round trip
+
+  // One request, one reply, within the timeout. A connection that failed (timed out, closed,
+  // answered garbage) is dropped: a late reply must never answer the next request. The next call
+  // connects again, and first asks the node for its geometry again: a node restarted since has
+  // a new staging region (same name, new memory) that must be mapped again.
+  Result<protocol::Reply> call(const protocol::Request& q) {
+    const auto deadline = detail::Clock::now() + options.timeout;
+    if (!socket) {
+      Result<UniqueFd> fd = detail::connect_unix(path, deadline);
+      if (!fd) return fd.error();
+      socket = std::move(fd).value();
+      if (info.chunk_bytes != 0 && q.op != protocol::LocalOp::kInfo) {
+        protocol::Request again;
+        again.op = protocol::LocalOp::kInfo;
+        Result<protocol::Reply> r = checked(again, deadline);
+        if (!r) return r.error();
+        if (Status s = adopt(*r); !s) {
+          socket.reset();
+          return s.error();
+        }
+      }
+    }
+    return checked(q, deadline);
+  }
+
+  Result<protocol::Reply> checked(const protocol::Request& q, detail::Clock::time_point deadline) {
+    Result<protocol::Reply> r = exchange(q, deadline);
+    if (!r) {
+      socket.reset();
+      Error e = wrap_error("kvnode at " + path + ", '" + protocol::to_string(q.op) + "': ",
+                           r.error());
+      if (e.code == ErrorCode::kDeadline)
+        e.message += " (timeout " + std::to_string(options.timeout.count()) + " ms)";
+      return e;
+    }
+    if (!r->ok) return make_error(r->code, r->error);
+    return r;
+  }
+
+  // The node's answer to info: its geometry, and its staging region mapped when it is used.
+  // Once connected, a node that comes back with another chunk geometry is refused.
+  Status adopt(const protocol::Reply& r) {
+    if (r.chunk_bytes == 0 || r.pages == 0 ||
+        (r.slots != 0 && r.chunk_bytes > SIZE_MAX / r.slots))
+      return make_error(ErrorCode::kInternal,
+                        "kvnode at " + path + " answered an inconsistent pool geometry");
+    if (info.chunk_bytes != 0 &&
+        (r.chunk_bytes != info.chunk_bytes || r.chunk_size != info.chunk_size))
+      return make_error(ErrorCode::kPeerLost,
+                        "kvnode at " + path + " restarted with chunks of " +
+                            std::to_string(r.chunk_bytes) + " bytes and " +
+                            std::to_string(r.chunk_size) + " tokens (were " +
+                            std::to_string(info.chunk_bytes) + " and " +
+                            std::to_string(info.chunk_size) + "): connect again");
+    pool.reset();
+    slots = 0;
+    info = NodeInfo{r.chunk_bytes, r.chunk_size, r.pages,    r.shm,
+                    r.location,    r.instance,   r.worker_id};
+    if (!options.use_shared_memory || r.shm.empty() || r.slots == 0) return {};
+    Result<detail::SharedStaging> mapped = detail::SharedStaging::open(r.shm, r.slots * r.chunk_bytes);
+    if (!mapped)
+      return wrap_error("kvnode at " + path + ": ",
+                        Error{mapped.error().code,
+                              mapped.error().message + " (use_shared_memory=false sends bytes inline)"});
+    pool.emplace(std::move(mapped).value());
+    slots = r.slots;
+    return {};
+  }
+
+  Result<protocol::Reply> exchange(const protocol::Request& q, detail::Clock::time_point deadline) {
+    if (Status sent = detail::send_frame(socket.get(), protocol::encode(q), deadline); !sent)
+      return sent.error();
+    Result<std::vector<std::byte>> frame = detail::receive_frame(socket.get(), deadline);
+    if (!frame) return frame.error();
+    Result<protocol::Reply> r = protocol::decode_reply(*frame);
+    if (!r) return make_error(ErrorCode::kInternal, "the node's answer: " + r.error().message);
+    return r;
+  }
+
+  protocol::Request request(protocol::LocalOp op, const ChunkKeys& keys) {
+    protocol::Request q;
+    q.op = op;
+    q.by_tokens = keys.tokens;
+    (keys.tokens ? q.tokens : q.hashes) = keys.values;
+    return q;
+  }
+
+  protocol::Request finish(protocol::LocalOp op, std::uint64_t hold) {
+    protocol::Request q;
+    q.op = op;
+    q.hold = hold;
+    return q;
+  }
+
+  // Put and get go by chunk hash: tokens are hashed by the daemon first, so rounds split cleanly.
+  Result<std::vector<std::int64_t>> hashes_of(const ChunkKeys& keys) {
+    if (!keys.tokens) return keys.values;
+    Result<protocol::Reply> r = call(request(protocol::LocalOp::kHashes, keys));
+    if (!r) return r.error();
+    return std::move(r->hashes);
+  }
+
+  // Chunks per request: the staging slots, or what fits a quarter of an inline message; never
+  // more than the pool holds (the daemon refuses such a request whole).
+  std::size_t round_chunks() const {
+    const std::size_t n =
+        pool ? slots : std::max<std::size_t>(1, protocol::kMaxInlineBytes / 4 / info.chunk_bytes);
+    return std::max<std::size_t>(1, std::min(n, info.pages));
+  }
+};
+
+Result<std::unique_ptr<LocalClient>> LocalClient::connect(const std::string& socket_path,
+                                                          LocalClientOptions options) {
+  auto impl = std::make_unique<Impl>();
+  impl->path = socket_path;
+  impl->options = options;
+  protocol::Request q;
+  q.op = protocol::LocalOp::kInfo;
+  Result<protocol::Reply> r = impl->call(q);
+  if (!r) return r.error();
+  if (Status s = impl->adopt(*r); !s) return s.error();
+  return std::unique_ptr<LocalClient>(new LocalClient(std::move(impl)));
+}
+
+LocalClient::LocalClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+LocalClient::~LocalClient() = default;
+const NodeInfo& LocalClient::info() const { return impl_->info; }
+bool LocalClient::shared_memory() const { return impl_->pool.has_value(); }
+
+Result<std::size_t> LocalClient::put(const ChunkKeys& keys, std::span<const std::byte> data,
+                                     PutSeries* series) {
+  Impl& m = *impl_;
+  const std::size_t chunk = m.info.chunk_bytes;
+  Result<std::vector<std::int64_t>> hashed = m.hashes_of(keys);
+  if (!hashed) return hashed.error();
+  const std::vector<std::int64_t>& all = *hashed;
+  if (data.size() != all.size() * chunk)
+    return make_error(ErrorCode::kInvalid, std::to_string(all.size()) + " chunks need " +
+                                               std::to_string(all.size() * chunk) + " bytes, got " +
+                                               std::to_string(data.size()));
+  std::size_t stored = 0;
+  // Every round of this put evicts only chunks stored before its first (the node's tick then).
+  PutSeries own;
+  PutSeries& put_series = series ? *series : own;
+  const std::size_t round = m.round_chunks();
+  for (std::size_t first = 0; first < all.size(); first += round) {
+    const std::size_t n = std::min(round, all.size() - first);
+    protocol::Request q;
+    q.hashes.assign(all.begin() + static_cast<std::ptrdiff_t>(first), all.begin() + static_cast<std::ptrdiff_t>(first + n));
+    q.since = put_series.since;
+    const std::span<const std::byte> bytes = data.subspan(first * chunk, n * chunk);
+    if (!m.pool) {
+      q.op = protocol::LocalOp::kPut;
+      q.data.assign(bytes.begin(), bytes.end());
+      Result<protocol::Reply> r = m.call(q);
+      if (!r) return with_stored(r.error(), stored);
+      if (put_series.since == 0) put_series.since = r->since;
+      stored += std::min<std::size_t>(r->count, n);
+      if (r->count < n) break;  // the node is full: the stored prefix ends here
+      continue;
+    }
+    q.op = protocol::LocalOp::kReserve;
+    Result<protocol::Reply> r = m.call(q);
+    if (!r) return with_stored(r.error(), stored);
+    if (r->offsets.size() != n || !m.pool) {  // (no pool: the node restarted without staging)
+      (void)m.call(m.finish(protocol::LocalOp::kAbort, r->hold));
+      return make_error(ErrorCode::kInternal, "the daemon answered " +
+                                                  std::to_string(r->offsets.size()) +
+                                                  " slots for " + std::to_string(n) + " chunks");
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      if (r->offsets[i] < 0) continue;  // stored already
+      std::byte* slot = m.pool->at(r->offsets[i], chunk);
+      if (!slot) {
+        (void)m.call(m.finish(protocol::LocalOp::kAbort, r->hold));
+        return make_error(ErrorCode::kInternal,
+                          "the daemon answered a slot outside its staging region");
+      }
+      std::memcpy(slot, bytes.data() + i * chunk, chunk);
+    }
+    if (put_series.since == 0) put_series.since = r->since;
+    Result<protocol::Reply> done = m.call(m.finish(protocol::LocalOp::kCommit, r->hold));
+    if (!done) return with_stored(done.error(), stored);
+    // The daemon stores the writes in order until one finds no room: the prefix ends there.
+    std::size_t writes = 0, prefix = 0;
+    for (; prefix < n; ++prefix) {
+      if (r->offsets[prefix] >= 0 && writes++ >= done->count) break;
+    }
+    stored += prefix;
+    if (prefix < n) break;
+  }
+  return stored;
+}
+
+Result<std::size_t> LocalClient::get(const ChunkKeys& keys, std::span<std::byte> out) {
+  Impl& m = *impl_;
+  const std::size_t chunk = m.info.chunk_bytes;
+  Result<std::vector<std::int64_t>> hashed = m.hashes_of(keys);
+  if (!hashed) return hashed.error();
+  const std::vector<std::int64_t>& all = *hashed;
+  const std::size_t fits = std::min(all.size(), out.size() / chunk);
+  std::size_t read = 0;
+  const std::size_t round = m.round_chunks();
+  while (read < fits) {
+    const std::size_t n = std::min(round, fits - read);
+    protocol::Request q;
+    const bool leased = m.pool.has_value();
+    q.op = leased ? protocol::LocalOp::kLease : protocol::LocalOp::kGet;
+    q.hashes.assign(all.begin() + static_cast<std::ptrdiff_t>(read), all.begin() + static_cast<std::ptrdiff_t>(read + n));
+    Result<protocol::Reply> r = m.call(q);
+    if (!r) return r.error();
+    std::size_t got = 0;
+    if (!leased) {
+      if (r->data.size() != r->count * chunk || r->count > n)
+        return make_error(ErrorCode::kInternal, "the daemon answered a short chunk");
+      if (!r->data.empty())  // an empty answer may have no buffer: memcpy from null is UB
+        std::memcpy(out.data() + read * chunk, r->data.data(), r->data.size());
+      got = r->count;
+    } else {
+      std::string error;
+      if (r->offsets.size() > n) error = "the daemon answered more chunks than asked";
+      if (!m.pool) error = "the node restarted without its staging region";
+      for (std::size_t i = 0; error.empty() && i < r->offsets.size(); ++i) {
+        const std::byte* slot = m.pool->at(r->offsets[i], chunk);
+        if (!slot) {
+          error = "the daemon answered a slot outside its staging region";
+        } else {
+          std::memcpy(out.data() + (read + i) * chunk, slot, chunk);
+        }
+      }
+      Result<protocol::Reply> done = m.call(m.finish(protocol::LocalOp::kRelease, r->hold));
+      if (!error.empty()) return make_error(ErrorCode::kInternal, error);
+      if (!done) return done.error();
+      got = r->offsets.size();
+    }
+    read += got;
+    if (got < n) break;  // the stored prefix ends here
+  }
+  if (read == fits && fits < all.size()) {
+    Result<std::vector<bool>> more = contains(ChunkKeys::of_hashes({all[fits]}));
+    if (more && !more->empty() && (*more)[0])
+      return make_error(ErrorCode::kInvalid,
+                        "the buffer holds " + std::to_string(fits) + " chunks; more are stored");
+  }
+  return read;
+}
+
+Result<std::vector<bool>> LocalClient::contains(const ChunkKeys& keys) {
+  Result<protocol::Reply> r = impl_->call(impl_->request(protocol::LocalOp::kContains, keys));
+  if (!r) return r.error();
+  return std::move(r->present);
+}
+
+Result<std::vector<std::int64_t>> LocalClient::hashes(const std::vector<std::int64_t>& tokens) {
+  return impl_->hashes_of(ChunkKeys::of_tokens(tokens));
+}
+
+Result<std::size_t> LocalClient::lookup(const std::vector<std::int64_t>& tokens) {
+  Result<protocol::Reply> r = impl_->call(impl_->request(protocol::LocalOp::kLookup, ChunkKeys::of_tokens(tokens)));
+  if (!r) return r.error();
+  return r->tokens;
+}
+
+Result<RetrieveReply> LocalClient::retrieve(const ChunkKeys& keys) {
+  Result<protocol::Reply> r = impl_->call(impl_->request(protocol::LocalOp::kRetrieve, keys));
+  if (!r) return r.error();
+  return RetrieveReply{r->count, r->pulled, r->tokens, r->peer};
+}
+
+}  // namespace kvnode::client

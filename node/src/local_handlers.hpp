@@ -1,0 +1,102 @@
+// The local socket's operations, one function each, on typed requests: serve() turns a decoded
+// request (its op already a LocalOp) into the typed request of its op, checked, and calls that
+// op's handler. Replies carry an ErrorCode with every error (a frozen store is kFrozen, a full
+// staging region kNoRoom...), which the client hands back to the engine.
+//
+// Every handler but retrieve runs on the socket thread (memory copies; they share the staging
+// region and holds). retrieve() crosses the network and runs on the service's executor: it
+// touches only the engine and PeerMoves, which are thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvnode/client/local_protocol.hpp"
+#include "kvnode/node/engine.hpp"
+#include "kvnode/node/peer_moves.hpp"
+#include "local_staging.hpp"
+
+namespace kvnode::node::local {
+
+namespace protocol = client::protocol;
+
+struct HandlerOptions {
+  std::string instance{};  // answered by info
+  std::int64_t worker_id = 0;
+  std::chrono::milliseconds hold_ttl{30'000};
+  std::size_t max_holds = 4096;
+};
+
+// A request's chunks by hash (tokens hashed once, on decoding).
+struct Chunks {
+  std::vector<ChunkHash> hashes{};
+  bool by_tokens = false;
+  std::size_t tokens = 0;  // by tokens: how many were given
+};
+
+struct PutRequest {
+  Chunks chunks{};
+  std::vector<std::byte> data{};  // one chunk's bytes per key, in order
+  std::uint64_t since = 0;        // the put's tick from an earlier call (0: it begins now)
+};
+
+struct ReserveRequest {
+  Chunks chunks{};
+  std::uint64_t since = 0;
+};
+
+struct HoldRequest {
+  std::uint64_t hold = 0;
+};
+
+struct LookupRequest {
+  std::vector<std::int64_t> tokens{};
+};
+
+class LocalHandlers {
+ public:
+  // `staging` null: bytes travel inline only. `moves`/`locate` null: no retrieve.
+  LocalHandlers(HandlerOptions options, Engine& engine, PeerMoves* moves, Locate locate,
+                std::unique_ptr<Staging> staging);
+
+  // Every op; retrieve too (inline: the service sends it to its executor instead).
+  protocol::Reply serve(protocol::Request request);
+  // Retrieve's checked request, on the socket thread; then retrieve() on the executor.
+  Result<Chunks> retrieve_request(const protocol::Request& request) const;
+
+  protocol::Reply info() const;
+  protocol::Reply hashes(const Chunks& chunks) const;
+  protocol::Reply contains(const Chunks& chunks) const;
+  protocol::Reply lookup(const LookupRequest& request);
+  protocol::Reply put(const PutRequest& request);
+  protocol::Reply get(const Chunks& chunks);
+  protocol::Reply reserve(const ReserveRequest& request);
+  protocol::Reply lease(const Chunks& chunks);
+  protocol::Reply commit(const HoldRequest& request);
+  protocol::Reply abort(const HoldRequest& request);
+  protocol::Reply release(const HoldRequest& request);
+  protocol::Reply retrieve(const Chunks& chunks) const;  // any thread
+
+  // Holds past hold_ttl end (their client died): slots back, writes dropped.
+  void expire_holds();
+
+ private:
+  // `bounded`: refused when there are more chunks than the pool has pages.
+  Result<Chunks> chunks_of(const protocol::Request& request, bool bounded) const;
+  Status put_one(ChunkHash hash, std::span<const std::byte> bytes, std::uint64_t since);
+  Result<Hold> take_hold(const HoldRequest& request, HoldKind kind, const char* op);
+  Result<std::size_t> store_writes(const Hold& hold);
+  Status can_hold() const;
+
+  HandlerOptions options_;
+  Engine& engine_;
+  PeerMoves* moves_;
+  Locate locate_;
+  std::unique_ptr<Staging> staging_;
+};
+
+}  // namespace kvnode::node::local

@@ -1,0 +1,372 @@
+#include "local_socket_server.hpp"
+
+#include <spdlog/spdlog.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "kvnode/client/local_framing.hpp"
+#include "kvnode/client/local_protocol.hpp"
+#include "kvnode/common/unique_fd.hpp"
+
+namespace kvnode::node::local {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using client::protocol::FrameReader;
+
+constexpr std::uint64_t kListenerTag = 0;  // epoll tags; connections count from 1
+constexpr std::uint64_t kWakeTag = ~std::uint64_t{0};
+constexpr int kBacklog = 128;
+
+// One client connection: a frame being read, or a request with the service, or a reply being
+// written; never two of these at once.
+struct Connection {
+  UniqueFd fd;
+  FrameReader reader{};
+  std::array<std::byte, client::protocol::kFrameHeaderBytes> header{};
+  std::vector<std::byte> reply{};
+  std::size_t sent = 0;       // of header and reply
+  bool writing = false;       // a reply is being written
+  bool waiting = false;       // the service holds its request (a deferred reply)
+  std::uint32_t events = 0;   // registered with epoll now
+  Clock::time_point progress; // the last byte in or out
+};
+
+Error os_error(ErrorCode code, const std::string& what) {
+  return make_error(code, what + ": " + std::strerror(errno));
+}
+
+}  // namespace
+
+struct LocalSocketServer::Impl {
+  SocketServerOptions options;
+  UniqueFd listener;
+  UniqueFd epoll;
+  EventFd wake;
+  ino_t inode = 0;  // of the socket file bound here
+  dev_t device = 0;
+  SocketServerHandlers handlers;
+  std::unordered_map<ConnectionId, Connection> connections;
+  ConnectionId next_id = 1;
+  bool accept_paused = false;  // out of descriptors: resumed at the next tick
+  std::uint64_t refusals_logged = 0;
+  std::mutex posted_mutex;
+  std::vector<std::pair<ConnectionId, std::vector<std::byte>>> posted;
+  std::atomic<bool> stop{false};
+  std::atomic<std::uint64_t> accepted{0}, refused{0}, cut{0}, open{0};
+  std::thread thread;
+
+  Impl(SocketServerOptions o, UniqueFd l, UniqueFd e, EventFd w)
+      : options(std::move(o)), listener(std::move(l)), epoll(std::move(e)), wake(std::move(w)) {}
+
+  ~Impl() {
+    stop = true;
+    wake.signal();
+    if (thread.joinable()) thread.join();
+    connections.clear();
+    listener.reset();
+    // Remove the socket file unless a newer node bound the path since.
+    struct stat now {};
+    if (inode != 0 && ::stat(options.path.c_str(), &now) == 0 && now.st_ino == inode &&
+        now.st_dev == device)
+      ::unlink(options.path.c_str());
+  }
+
+  void watch(std::uint64_t tag, int fd, std::uint32_t events, int op) {
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.u64 = tag;
+    if (::epoll_ctl(epoll.get(), op, fd, &ev) != 0)
+      spdlog::warn("local socket: epoll_ctl: {}", std::strerror(errno));
+  }
+
+  // Reading when idle, writing while a reply is out, nothing while the service holds a request
+  // (epoll still reports a hang-up then: the connection closes, its reply is dropped).
+  void update_events(ConnectionId id, Connection& c) {
+    const std::uint32_t wanted = c.writing ? EPOLLOUT : c.waiting ? 0u : EPOLLIN;
+    if (wanted == c.events) return;
+    c.events = wanted;
+    watch(id, c.fd.get(), wanted, EPOLL_CTL_MOD);
+  }
+
+  void close(ConnectionId id) {
+    if (connections.erase(id) > 0) --open;  // closing the descriptor leaves the epoll set
+  }
+
+  void run() {
+    auto next_tick = Clock::now() + options.tick;
+    std::array<epoll_event, 64> events{};
+    while (!stop) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(next_tick - Clock::now());
+      const int n = ::epoll_wait(epoll.get(), events.data(), static_cast<int>(events.size()),
+                                 static_cast<int>(std::max<std::int64_t>(0, left.count())));
+      if (n < 0 && errno != EINTR) {
+        spdlog::error("local socket: epoll_wait: {}", std::strerror(errno));
+        std::this_thread::sleep_for(options.tick);
+      }
+      for (int i = 0; i < n; ++i) {
+        const std::uint64_t tag = events[static_cast<std::size_t>(i)].data.u64;
+        const std::uint32_t what = events[static_cast<std::size_t>(i)].events;
+        if (tag == kListenerTag) {
+          accept_all();
+        } else if (tag == kWakeTag) {
+          wake.drain();
+          deliver_posted();
+        } else {
+          on_connection(tag, what);
+        }
+      }
+      if (const auto now = Clock::now(); now >= next_tick) {
+        next_tick = now + options.tick;
+        on_tick(now);
+      }
+    }
+  }
+
+  void on_tick(Clock::time_point now) {
+    if (handlers.on_tick) handlers.on_tick();
+    for (auto it = connections.begin(); it != connections.end();) {
+      Connection& c = it->second;
+      if ((c.reader.mid_frame() || c.writing) && now - c.progress > options.stall_timeout) {
+        spdlog::warn("local socket: a client stalled {} for over {} ms; cut",
+                     c.writing ? "reading its reply" : "mid-request", options.stall_timeout.count());
+        ++cut;
+        --open;
+        it = connections.erase(it);
+        continue;
+      }
+      ++it;
+    }
+    if (accept_paused) {
+      accept_paused = false;
+      watch(kListenerTag, listener.get(), EPOLLIN, EPOLL_CTL_MOD);
+    }
+    if (const std::uint64_t r = refused; r != refusals_logged) {
+      spdlog::warn("local socket: {} connections refused in all, over the cap of {}", r,
+                   options.max_connections);
+      refusals_logged = r;
+    }
+  }
+
+  void accept_all() {
+    for (;;) {
+      UniqueFd fd(::accept4(listener.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+      if (!fd) {
+        const int err = errno;
+        if (err == EINTR || err == ECONNABORTED) continue;
+        if (err == EAGAIN || err == EWOULDBLOCK) return;
+        // Out of descriptors or memory: the pending connection stays in the backlog; pause
+        // accepting for a tick instead of spinning on a listener that stays readable.
+        spdlog::warn("local socket: accept: {}; pausing for {} ms", std::strerror(err),
+                     options.tick.count());
+        accept_paused = true;
+        watch(kListenerTag, listener.get(), 0, EPOLL_CTL_MOD);
+        return;
+      }
+      if (connections.size() >= options.max_connections) {
+        ++refused;  // closed at once: the client's first call fails with the peer lost
+        continue;
+      }
+      const ConnectionId id = next_id++;
+      Connection& c = connections[id];
+      c.fd = std::move(fd);
+      c.events = EPOLLIN;
+      c.progress = Clock::now();
+      watch(id, c.fd.get(), EPOLLIN, EPOLL_CTL_ADD);
+      ++accepted;
+      ++open;
+    }
+  }
+
+  void on_connection(ConnectionId id, std::uint32_t what) {
+    auto it = connections.find(id);
+    if (it == connections.end()) return;
+    Connection& c = it->second;
+    const bool reading = c.events == EPOLLIN;
+    if ((what & (EPOLLERR | EPOLLHUP)) && !(reading && (what & EPOLLIN))) {
+      close(id);  // a request still in the socket is read first; its reply then finds it closed
+      return;
+    }
+    if (c.writing && (what & EPOLLOUT)) {
+      write_some(id, c);
+    } else if (reading && (what & EPOLLIN)) {
+      read_some(id, c);
+    }
+  }
+
+  // Reads until the socket is empty or a frame is whole (one request at a time).
+  void read_some(ConnectionId id, Connection& c) {
+    for (;;) {
+      const std::span<std::byte> space = c.reader.space();
+      const ssize_t n = ::recv(c.fd.get(), space.data(), space.size(), 0);
+      if (n == 0) return close(id);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) close(id);
+        return;
+      }
+      c.progress = Clock::now();
+      switch (c.reader.advance(static_cast<std::size_t>(n))) {
+        case FrameReader::Progress::kMore: continue;
+        case FrameReader::Progress::kTooLarge:
+          spdlog::warn("local socket: a client declared a {} byte message (limit {}); cut",
+                       c.reader.declared(), client::protocol::kMaxMessageBytes);
+          ++cut;
+          return close(id);
+        case FrameReader::Progress::kFrame: return handle(id, c, c.reader.take());
+      }
+    }
+  }
+
+  void handle(ConnectionId id, Connection& c, std::vector<std::byte> request) {
+    std::optional<std::vector<std::byte>> reply;
+    try {
+      reply = handlers.on_request(id, std::move(request));
+    } catch (const std::exception& e) {  // bad_alloc on a large reply: this client only
+      spdlog::error("local socket: a request failed: {}; closing its connection", e.what());
+      return close(id);
+    }
+    if (!reply) {
+      c.waiting = true;
+      return update_events(id, c);
+    }
+    start_reply(id, c, std::move(*reply));
+  }
+
+  void start_reply(ConnectionId id, Connection& c, std::vector<std::byte> reply) {
+    if (reply.size() > client::protocol::kMaxMessageBytes) {
+      spdlog::error("local socket: a reply of {} bytes is over the limit; closing", reply.size());
+      return close(id);
+    }
+    c.header = client::protocol::frame_header(static_cast<std::uint32_t>(reply.size()));
+    c.reply = std::move(reply);
+    c.sent = 0;
+    c.writing = true;
+    c.waiting = false;
+    c.progress = Clock::now();
+    write_some(id, c);
+  }
+
+  void write_some(ConnectionId id, Connection& c) {
+    const std::size_t total = c.header.size() + c.reply.size();
+    while (c.sent < total) {
+      std::array<iovec, 2> parts{};
+      std::size_t count = 0;
+      if (c.sent < c.header.size())
+        parts[count++] = {c.header.data() + c.sent, c.header.size() - c.sent};
+      const std::size_t body_sent = c.sent < c.header.size() ? 0 : c.sent - c.header.size();
+      if (body_sent < c.reply.size())
+        parts[count++] = {c.reply.data() + body_sent, c.reply.size() - body_sent};
+      msghdr msg{};
+      msg.msg_iov = parts.data();
+      msg.msg_iovlen = count;
+      const ssize_t n = ::sendmsg(c.fd.get(), &msg, MSG_NOSIGNAL);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return update_events(id, c);
+        return close(id);  // the client left: its reply is dropped
+      }
+      c.sent += static_cast<std::size_t>(n);
+      c.progress = Clock::now();
+    }
+    c.writing = false;
+    c.reply = {};
+    update_events(id, c);
+  }
+
+  void deliver_posted() {
+    std::vector<std::pair<ConnectionId, std::vector<std::byte>>> ready;
+    {
+      std::lock_guard lock(posted_mutex);
+      ready.swap(posted);
+    }
+    for (auto& [id, reply] : ready) {
+      auto it = connections.find(id);
+      if (it == connections.end() || !it->second.waiting) continue;  // closed meanwhile: dropped
+      start_reply(id, it->second, std::move(reply));
+    }
+  }
+};
+
+Result<std::unique_ptr<LocalSocketServer>> LocalSocketServer::listen(
+    const SocketServerOptions& options) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (options.path.empty() || options.path.size() >= sizeof(addr.sun_path))
+    return make_error(ErrorCode::kInvalid, "local socket path '" + options.path +
+                                               "': empty or over " +
+                                               std::to_string(sizeof(addr.sun_path) - 1) + " bytes");
+  std::memcpy(addr.sun_path, options.path.c_str(), options.path.size() + 1);
+  // A socket file left by a node that died is replaced (the instance lock keeps a live node from
+  // being here); any other file at the path is someone's data: refuse.
+  if (struct stat st {}; ::lstat(options.path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode))
+      return make_error(ErrorCode::kInvalid,
+                        "local socket " + options.path + ": the path exists and is not a socket");
+    if (::unlink(options.path.c_str()) != 0)
+      return os_error(ErrorCode::kIo, "local socket " + options.path + ": removing the stale one");
+  }
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd) return os_error(ErrorCode::kIo, "local socket: socket");
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0)
+    return os_error(ErrorCode::kIo, "local socket " + options.path + ": bind");
+  // Owner only, like the staging region: chunks are the engine's data. Set before listen(), so
+  // nobody connects while the file still has the umask's mode.
+  struct stat st {};
+  if (::chmod(options.path.c_str(), 0600) != 0 || ::stat(options.path.c_str(), &st) != 0 ||
+      ::listen(fd.get(), kBacklog) != 0) {
+    Error e = os_error(ErrorCode::kIo, "local socket " + options.path);
+    ::unlink(options.path.c_str());
+    return e;
+  }
+  UniqueFd epoll(::epoll_create1(EPOLL_CLOEXEC));
+  Result<EventFd> wake = EventFd::create();
+  if (!epoll || !wake) {
+    ::unlink(options.path.c_str());
+    return make_error(ErrorCode::kIo, "local socket: out of descriptors for epoll or eventfd");
+  }
+  auto impl =
+      std::make_unique<Impl>(options, std::move(fd), std::move(epoll), std::move(wake).value());
+  impl->inode = st.st_ino;
+  impl->device = st.st_dev;
+  impl->watch(kListenerTag, impl->listener.get(), EPOLLIN, EPOLL_CTL_ADD);
+  impl->watch(kWakeTag, impl->wake.fd(), EPOLLIN, EPOLL_CTL_ADD);
+  return std::unique_ptr<LocalSocketServer>(new LocalSocketServer(std::move(impl)));
+}
+
+Status LocalSocketServer::serve(SocketServerHandlers handlers) {
+  if (impl_->thread.joinable()) return make_error(ErrorCode::kInternal, "serve() called twice");
+  impl_->handlers = std::move(handlers);
+  Impl* raw = impl_.get();
+  impl_->thread = std::thread([raw] { raw->run(); });
+  return {};
+}
+
+LocalSocketServer::LocalSocketServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+LocalSocketServer::~LocalSocketServer() = default;
+
+void LocalSocketServer::post(ConnectionId connection, std::vector<std::byte> reply) {
+  {
+    std::lock_guard lock(impl_->posted_mutex);
+    impl_->posted.emplace_back(connection, std::move(reply));
+  }
+  impl_->wake.signal();
+}
+
+SocketServerCounters LocalSocketServer::counters() const {
+  return {impl_->accepted, impl_->refused, impl_->cut, impl_->open};
+}
+
+}  // namespace kvnode::node::local
