@@ -52,41 +52,15 @@ Result<std::size_t> Engine::get(ChunkHash hash, std::span<std::byte> out) {
   return pool.page_bytes();
 }
 
-namespace {
+Result<std::size_t> Engine::clear() {
+  if (store_.frozen())
+    return make_error(ErrorCode::kFrozen, "a full sync is running; ask again when it ends");
+  return store_.clear();
+}
 
-wire::ErrorMsg refuse(const std::string& what) { return wire::ErrorMsg{"kvnode: " + what}; }
-
-}  // namespace
-
-wire::Msg Engine::on_control(const wire::Msg& request) {
-  const std::string& location = store_.location();
-  const auto tokens_in = [&](const std::string& asked) { return asked == location; };
-  if (const auto* m = std::get_if<wire::ClearWorkerMsg>(&request)) {
-    if (!tokens_in(m->location)) return wire::ClearWorkerRetMsg{0};
-    if (store_.frozen()) return refuse("clear refused: a full sync is running; ask again when it ends");
-    const std::size_t chunks = store_.clear();
-    return wire::ClearWorkerRetMsg{static_cast<std::int64_t>(chunks * options_.hashing.chunk_size)};
-  }
-  if (const auto* m = std::get_if<wire::PinWorkerMsg>(&request)) {
-    if (!tokens_in(m->location)) return wire::PinWorkerRetMsg{0};
-    return wire::PinWorkerRetMsg{static_cast<std::int64_t>(lookup_tokens(m->tokens, m->worker_event_id))};
-  }
-  if (std::holds_alternative<wire::HealthWorkerMsg>(request)) {
-    const StoreCounters c = store_.counters();
-    const bool books_balance = c.chunks + c.reserved <= c.capacity;
-    return wire::HealthWorkerRetMsg{books_balance ? 0 : -1};
-  }
-  if (const auto* m = std::get_if<wire::CompressWorkerMsg>(&request))
-    return refuse("compression ('" + m->method + "') is not supported; chunks stay as stored");
-  if (const auto* m = std::get_if<wire::DecompressWorkerMsg>(&request))
-    return refuse("decompression ('" + m->method + "') is not supported; chunks are never compressed");
-  if (const auto* m = std::get_if<wire::MoveWorkerMsg>(&request)) {
-    if (!mover_) return refuse("this node has no transfer plane to move chunks with");
-    return mover_(*m);
-  }
-  if (std::holds_alternative<wire::CheckFinishWorkerMsg>(request))
-    return refuse("moves finish before their reply; there is nothing to check");
-  return refuse("unexpected request");
+bool Engine::healthy() const {
+  const StoreCounters c = store_.counters();
+  return c.chunks + c.reserved <= c.capacity;
 }
 
 }  // namespace kvnode::node

@@ -1,6 +1,7 @@
 // The engine's operations on a real store, and the node flow end to end: engine + chunk store +
 // worker agent against the real controller (in-process, real sockets), driven through the
 // controller's HTTP API as an orchestrator drives it.
+#include "control_handler.hpp"
 #include "node_rig.hpp"
 
 namespace kvnode::node {
@@ -27,6 +28,7 @@ TEST(Engine, LookupPinClearHealthAndWhatItRefuses) {
   gpu::ChunkPool pool = make_pool(8);
   ChunkStore store(pool, kCpu, nullptr);
   Engine engine(store);
+  const ControlHandler control(engine, nullptr);  // the controller's requests, without a mover
   const auto t = tokens(1000, 1124);  // 4 full chunks + 100 tokens
   const std::vector<ChunkHash> h = engine.hashes(t).value();
   ASSERT_EQ(h.size(), 5u);
@@ -42,24 +44,25 @@ TEST(Engine, LookupPinClearHealthAndWhatItRefuses) {
   EXPECT_FALSE(engine.get(12345, out));
   EXPECT_FALSE(engine.put(99, std::vector<std::byte>(10))) << "not a whole chunk";
 
-  const wire::Msg pinned = engine.on_control(wire::PinWorkerMsg{"pin-1", kCpu, tokens(1000, 512)});
+  const wire::Msg pinned = control(wire::PinWorkerMsg{"pin-1", kCpu, tokens(1000, 512)});
   EXPECT_EQ(std::get<wire::PinWorkerRetMsg>(pinned).num_tokens, 512);
-  EXPECT_EQ(std::get<wire::PinWorkerRetMsg>(engine.on_control(wire::PinWorkerMsg{"p", "LocalDiskBackend", t})).num_tokens, 0);
+  EXPECT_EQ(std::get<wire::PinWorkerRetMsg>(control(wire::PinWorkerMsg{"p", "LocalDiskBackend", t})).num_tokens, 0);
   // Clear removes the unpinned chunks only: 5 stored, the first 2 pinned.
-  EXPECT_EQ(std::get<wire::ClearWorkerRetMsg>(engine.on_control(wire::ClearWorkerMsg{"c", kCpu})).num_tokens, 768);
+  EXPECT_EQ(std::get<wire::ClearWorkerRetMsg>(control(wire::ClearWorkerMsg{"c", kCpu})).num_tokens, 768);
   EXPECT_EQ(engine.lookup_tokens(t), 512u);
-  EXPECT_EQ(std::get<wire::HealthWorkerRetMsg>(engine.on_control(wire::HealthWorkerMsg{"h"})).error_code, 0);
+  EXPECT_EQ(std::get<wire::HealthWorkerRetMsg>(control(wire::HealthWorkerMsg{"h"})).error_code, 0);
   for (const wire::Msg& m : {wire::Msg{wire::CompressWorkerMsg{"x", "cachegen", kCpu, std::nullopt}},
                              wire::Msg{wire::DecompressWorkerMsg{"x", "cachegen", kCpu, std::nullopt}},
-                             wire::Msg{wire::CheckFinishWorkerMsg{"x"}}}) {
-    const wire::Msg reply = engine.on_control(m);
+                             wire::Msg{wire::CheckFinishWorkerMsg{"x"}},
+                             wire::Msg{wire::MoveWorkerMsg{"x", kCpu, {"127.0.0.1:1", kCpu}, t, false}}}) {
+    const wire::Msg reply = control(m);
     const auto* e = std::get_if<wire::ErrorMsg>(&reply);
     ASSERT_NE(e, nullptr);
     EXPECT_TRUE(e->error.starts_with("kvnode: ")) << e->error;
   }
   engine.freeze(true);
   EXPECT_NE(engine.put(7, chunk_bytes(7, kSmallChunk)).error().message.find("frozen"), std::string::npos);
-  const wire::Msg refused = engine.on_control(wire::ClearWorkerMsg{"c", kCpu});
+  const wire::Msg refused = control(wire::ClearWorkerMsg{"c", kCpu});
   ASSERT_TRUE(std::holds_alternative<wire::ErrorMsg>(refused)) << "a clear would emit EVICTs the sync drops";
   EXPECT_EQ(engine.lookup_tokens(t), 512u);
   engine.freeze(false);

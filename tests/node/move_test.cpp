@@ -130,22 +130,16 @@ TEST_P(Moves, AFullSyncAtEitherEndChangesNothingTheSyncDoesNotReport) {
   EXPECT_EQ(b.store().counters().chunks, 8u);
   EXPECT_EQ(a.store().counters().chunks, 0u);
 
-  // A sync that begins between reserve and commit: the commit answers "frozen" (-3) and the
-  // reserved page goes back.
-  auto ask = [&](std::uint8_t op, std::int64_t h) {
-    std::vector<std::byte> q(1 + 4 + 8);
-    q[0] = static_cast<std::byte>(op);
-    const std::uint32_t one = 1;
-    std::memcpy(q.data() + 1, &one, 4);
-    std::memcpy(q.data() + 5, &h, 8);
-    std::vector<std::byte> answer = a.moves().on_ask("peer-x", q).value();
-    std::int64_t v = 0;
-    if (answer.size() == 12) std::memcpy(&v, answer.data() + 4, 8);
-    return v;
+  // A sync that begins between reserve and finish: the finish answers kFrozen and the reserved
+  // page goes back.
+  auto ask = [&](const peer::Request& q) {
+    return peer::decode_answer(a.peers().on_ask("peer-x", peer::encode(q)).value()).value();
   };
-  EXPECT_GE(ask(1, 424242), 0) << "reserve: a page";
+  const auto reserved = std::get<peer::ReserveAnswer>(ask(peer::ReserveRequest{7, {424242}}));
+  EXPECT_EQ(reserved.chunks.at(0).outcome, peer::ReserveOutcome::kPage) << "reserve: a page";
   a.engine().freeze(true);
-  EXPECT_EQ(ask(2, 424242), -3) << "commit while frozen";
+  const auto finished = std::get<peer::FinishAnswer>(ask(peer::FinishRequest{7, {{424242, true}}}));
+  EXPECT_EQ(finished.chunks.at(0), peer::FinishOutcome::kFrozen) << "finish while frozen";
   EXPECT_EQ(a.store().counters().reserved, 0u);
   EXPECT_FALSE(a.store().contains(424242));
   a.engine().freeze(false);

@@ -1,6 +1,6 @@
-// The node tests' rig: a controller in-process on ephemeral loopback ports, nodes assembled
-// as the kvnode daemon assembles them (pool, store, engine, transfer plane, moves, agent) so a
-// test can reach each part, and the helpers every node test uses.
+// The node tests' rig: a controller in-process on ephemeral loopback ports, nodes assembled as
+// the kvnode daemon assembles them (pool, store, engine, peer service, transfer plane, moves,
+// control handler, agent) so a test can reach each part, and the helpers every node test uses.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -23,7 +23,10 @@
 
 #include "kvnode/agent/worker_agent.hpp"
 #include "kvnode/controller/controller.hpp"
+#include "control_handler.hpp"
 #include "kvnode/node/peer_moves.hpp"
+#include "kvnode/transfer/plane.hpp"
+#include "peer_service.hpp"
 #include "support/http_client.hpp"
 
 namespace kvnode::node::rig {
@@ -131,18 +134,10 @@ class Node {
                              e.hash);
                }),
         engine_(store_),
-        moves_(engine_, nullptr) {
-    transfer::PlaneOptions po;
-    if (tls) {
-      po.tls = tls;
-      po.net_devices = "lo";
-    }
-    po.on_ask = [this](const std::string& peer, const std::vector<std::byte>& r) {
-      return moves_.on_ask(peer, r);
-    };
-    plane_ = std::move(transfer::TransferPlane::start(po, pool_)).value();
-    moves_.set_plane(plane_.get());
-    engine_.set_mover([this](const wire::MoveWorkerMsg& m) { return moves_.on_move(m); });
+        peers_(engine_),
+        plane_(start_plane(tls, pool_, peers_)),
+        moves_(engine_, *plane_),
+        control_(engine_, &moves_) {
     agent::AgentOptions o;
     o.instance_id = instance;
     o.worker_id = options.worker_id;
@@ -154,7 +149,7 @@ class Node {
     o.full_sync_startup_delay = 0ms;
     o.full_sync_poll_interval = 50ms;
     agent::AgentHandlers h;
-    h.control = [this](const wire::Msg& m) { return engine_.on_control(m); };
+    h.control = [this](const wire::Msg& m) { return control_(m); };
     h.snapshot = [this] { return engine_.snapshot(); };
     h.freeze = [this](bool on) { engine_.freeze(on); };
     agent_ = std::move(agent::WorkerAgent::start(o, h)).value();
@@ -163,7 +158,6 @@ class Node {
   ~Node() {
     agent_ptr_ = nullptr;
     agent_.reset();
-    engine_.set_mover(nullptr);
     plane_.reset();
   }
   RetrieveResult retrieve(const std::vector<std::int64_t>& tokens) {
@@ -182,6 +176,7 @@ class Node {
   }
   Engine& engine() { return engine_; }
   PeerMoves& moves() { return moves_; }
+  PeerService& peers() { return peers_; }
   ChunkStore& store() { return store_; }
   agent::WorkerAgent& agent() { return *agent_; }
   transfer::TransferPlane& plane() { return *plane_; }
@@ -190,6 +185,18 @@ class Node {
   std::int64_t worker_id() const { return options_.worker_id; }
 
  private:
+  static std::unique_ptr<transfer::TransferPlane> start_plane(const char* tls, gpu::ChunkPool& pool,
+                                                             PeerService& peers) {
+    transfer::PlaneOptions po;
+    if (tls) {
+      po.tls = tls;
+      po.net_devices = "lo";
+    }
+    po.on_ask = [&peers](const std::string& peer, const std::vector<std::byte>& r) {
+      return peers.on_ask(peer, r);
+    };
+    return std::move(transfer::TransferPlane::start(po, pool)).value();
+  }
   static gpu::ChunkPool make_pool(const NodeOptions& n) {
     gpu::PoolOptions o;
     o.page_bytes = n.page_bytes;
@@ -202,8 +209,10 @@ class Node {
   std::atomic<agent::WorkerAgent*> agent_ptr_{nullptr};
   ChunkStore store_;
   Engine engine_;
-  PeerMoves moves_;
+  PeerService peers_;
   std::unique_ptr<transfer::TransferPlane> plane_;
+  PeerMoves moves_;
+  ControlHandler control_;
   std::unique_ptr<agent::WorkerAgent> agent_;
 };
 

@@ -1,18 +1,16 @@
 // The node's engine operations over one chunk store, with the protocol reference's semantics
 // (§2.3): lookup counts the leading stored chunks of a token sequence and answers in tokens;
 // pin is a lookup that pins under the request's event id; clear removes every unpinned chunk;
-// health answers 0 when the store's books balance. on_control() is the worker agent's control
-// handler; what the node cannot do (compression, intra-node promotion) gets an ErrorMsg that says
-// so, never a silent 0. put()/get() are the local client's data path for host pools.
+// health is whether the store's books balance. put()/get() are the local client's data path for
+// host pools. The controller's requests reach these through ControlHandler (node/src).
 //
 // freeze(true) (a full sync running) freezes the store: no chunk arrives or leaves until the sync
-// ends (clear answers an ErrorMsg), so the keys the sync reports are exactly what the node holds
-// and no event is dropped by a controller that is rebuilding the worker's keys.
+// ends (clear is refused), so the keys the sync reports are exactly what the node holds and no
+// event is dropped by a controller that is rebuilding the worker's keys.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -21,7 +19,6 @@
 #include "kvnode/common/result.hpp"
 #include "kvnode/keys/chunk_hash.hpp"
 #include "kvnode/node/chunk_store.hpp"
-#include "kvnode/wire/messages.hpp"
 
 namespace kvnode::node {
 
@@ -44,10 +41,12 @@ class Engine {
   // Copies a stored chunk out; its size, or an error when absent.
   Result<std::size_t> get(ChunkHash hash, std::span<std::byte> out);
 
-  wire::Msg on_control(const wire::Msg& request);
+  // Removes every readable, unpinned chunk (EVICT each); how many. kFrozen while a full sync
+  // runs: its EVICTs would be dropped by the controller rebuilding this worker's keys.
+  Result<std::size_t> clear();
+  // The store's books balance: readable and reserved chunks fit in the pool.
+  bool healthy() const;
 
-  // Who serves MoveWorkerMsg (PeerMoves, once the transfer plane is up).
-  void set_mover(std::function<wire::Msg(const wire::MoveWorkerMsg&)> mover) { mover_ = std::move(mover); }
   std::size_t chunk_size() const { return options_.hashing.chunk_size; }
 
   void freeze(bool on) { store_.freeze(on); }
@@ -76,7 +75,6 @@ class Engine {
  private:
   ChunkStore& store_;
   EngineOptions options_;
-  std::function<wire::Msg(const wire::MoveWorkerMsg&)> mover_;
 };
 
 }  // namespace kvnode::node
