@@ -55,7 +55,7 @@ Result<wire::Msg> ControllerLink::exchange(const wire::Msg& request,
     (void)failure();  // a drop before this request does not concern it: ZMQ resends after reconnecting
     if (!dealer_.send(zmq::message_t(), zmq::send_flags::sndmore) ||
         !dealer_.send(zmq::buffer(payload), zmq::send_flags::none))
-      return make_error("send timed out");
+      return make_error(ErrorCode::kDeadline, "send timed out");
     const auto give_up = std::chrono::steady_clock::now() + timeout;
     zmq::pollitem_t items[] = {{dealer_.handle(), 0, ZMQ_POLLIN, 0},
                                {monitor_.handle(), 0, ZMQ_POLLIN, 0}};
@@ -64,20 +64,20 @@ Result<wire::Msg> ControllerLink::exchange(const wire::Msg& request,
       zmq::poll(items, n, kSlice);
       if (items[0].revents & ZMQ_POLLIN) break;
       if (n == 2 && (items[1].revents & ZMQ_POLLIN))
-        if (std::optional<std::string> why = failure()) return make_error(std::move(*why));
-      if (stop()) return make_error("stopping");
+        if (std::optional<std::string> why = failure()) return make_error(ErrorCode::kPeerLost, std::move(*why));
+      if (stop()) return make_error(ErrorCode::kRefused, "stopping");
       if (std::chrono::steady_clock::now() > give_up)
-        return make_error("no reply within the request timeout");
+        return make_error(ErrorCode::kDeadline, "no reply within the request timeout");
     }
     zmq::message_t frame;
     std::string last;
     do {
-      if (!dealer_.recv(frame, zmq::recv_flags::none)) return make_error("receive failed");
+      if (!dealer_.recv(frame, zmq::recv_flags::none)) return make_error(ErrorCode::kPeerLost, "receive failed");
       last = frame.to_string();
     } while (frame.more());
     return wire::decode(last);  // the last frame, as LMCache reads it
   } catch (const zmq::error_t& e) {
-    return make_error(std::string("zmq: ") + e.what());
+    return make_error(ErrorCode::kIo, std::string("zmq: ") + e.what());
   }
 }
 

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "cuda_memory.hpp"
+#include "kvnode/common/unique_fd.hpp"
 
 namespace kvnode::gpu {
 namespace {
@@ -23,12 +24,6 @@ struct FreePd {
 };
 struct Deregister {
   void operator()(ibv_mr* mr) const { ibv_dereg_mr(mr); }
-};
-struct OwnedFd {
-  int fd = -1;
-  ~OwnedFd() {
-    if (fd >= 0) ::close(fd);
-  }
 };
 
 }  // namespace
@@ -74,7 +69,7 @@ GpuDirectCheck check_gpudirect(const MemoryRegion& region, const std::string& ni
     out.detail = fd.error().message;
     return out;
   }
-  const OwnedFd owned{*fd};
+  const UniqueFd owned(*fd);
   const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
   std::unique_ptr<ibv_mr, Deregister> mr(ibv_reg_dmabuf_mr(
       pd.get(), 0, region.size(), reinterpret_cast<std::uint64_t>(region.data()), *fd, access));
