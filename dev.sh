@@ -11,7 +11,7 @@ PACKAGES=(
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libucx-dev ucx-utils libibverbs-dev librdmacm-dev
   rdma-core libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libyaml-cpp-dev libcpp-httplib-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev python3 python3-zmq python3-msgpack
-  iproute2
+  iproute2 clang-format-14
 )
 
 usage() {
@@ -19,8 +19,10 @@ usage() {
 Usage: ./dev.sh COMMAND
 
   build   build build/ (RelWithDebInfo); binaries land in build/bin
-  test    build build-sanitize/ (ASan+UBSan) and run ctest, then build build-fuzz/ (clang-14)
-          and run each fuzz_* target for KVNODE_FUZZ_SECONDS in total (default 60)
+  test    check the tree (clang-format-14, no product source over 600 lines), build
+          build-sanitize/ (ASan+UBSan) and run ctest, then build build-fuzz/ (clang-14) and run
+          each fuzz_* target for KVNODE_FUZZ_SECONDS in total (default 60)
+  format  rewrite every C++ source with clang-format-14 (what the tree check expects)
   demo    build, then run kvcontroller and two kvnode on loopback: put, lookup, move, verify
   bench   build, then run every build/bin/bench_*, kvbench transfer --quick and kvbench node
   help    show this text
@@ -124,10 +126,45 @@ cmd_build() {
   echo "== binaries in build/bin"
 }
 
+# Every C++ source of the project (tracked, or found when this is not a git checkout).
+cxx_sources() {
+  local dirs=(common control gpu transfer node client tools bench tests fuzz)
+  if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    git ls-files -- "${dirs[@]/%//*.cpp}" "${dirs[@]/%//*.hpp}" "${dirs[@]/%//*.cu}" "${dirs[@]/%//*.cuh}"
+  else
+    find "${dirs[@]}" -type f \( -name '*.cpp' -o -name '*.hpp' -o -name '*.cu' -o -name '*.cuh' \) 2>/dev/null
+  fi
+}
+
+cmd_format() { cxx_sources | xargs -r clang-format-14 -i; }
+
+# The tree check: formatting as .clang-format says, and no product source over 600 lines (tests
+# and benchmarks excepted). Counts as one test in the summary.
+check_tree() {
+  local bad=0 file lines log
+  log="$(mktemp)"
+  if ! cxx_sources | xargs -r clang-format-14 --dry-run --Werror 2>"$log"; then
+    echo "== tree check: these files need ./dev.sh format:"
+    grep -oE '^[^:]+\.(cpp|hpp|cu|cuh)' "$log" | sort -u | sed 's/^/   /'
+    bad=1
+  fi
+  rm -f "$log"
+  while read -r file; do
+    lines=$(wc -l <"$file")
+    if [[ $lines -gt 600 ]]; then
+      echo "== tree check: $file has $lines lines (product sources stay under 600: split it)"
+      bad=1
+    fi
+  done < <(cxx_sources | grep -vE '^(tests|bench|fuzz)/')
+  [[ $bad -eq 0 ]] && echo "== tree check: formatted, no product source over 600 lines"
+  return $bad
+}
+
 # Builds and runs everything CI checks. The closing "N passed, N failed" line counts the ctest
 # tests and the fuzz targets, and is printed even when a build fails.
 cmd_test() {
-  PASSED=0 FAILED=0 FUZZ_FAILED=0
+  PASSED=0 FAILED=0 FUZZ_FAILED=0 TREE_FAILED=0
+  check_tree || TREE_FAILED=1
   configure build-sanitize -DCMAKE_BUILD_TYPE=Sanitize -DKVNODE_BUILD_BENCH=OFF
   if cmake --build build-sanitize; then
     run_ctest
@@ -144,7 +181,8 @@ cmd_test() {
   local fuzz_targets=0
   [[ -d build-fuzz/bin ]] && fuzz_targets=$(find build-fuzz/bin -maxdepth 1 -name 'fuzz_*' -type f | wc -l)
   PASSED=$((PASSED + fuzz_targets - (FUZZ_FAILED < fuzz_targets ? FUZZ_FAILED : fuzz_targets)))
-  FAILED=$((FAILED + FUZZ_FAILED))
+  FAILED=$((FAILED + FUZZ_FAILED + TREE_FAILED))
+  PASSED=$((PASSED + 1 - TREE_FAILED))
   echo "$PASSED passed, $FAILED failed"
   [[ "$FAILED" -eq 0 ]]
 }
@@ -237,7 +275,7 @@ cmd_bench() {
 main() {
   local cmd="${1:-help}"
   case "$cmd" in
-    build|test|demo|bench) ensure_packages; "cmd_$cmd" ;;
+    build|test|demo|bench|format) ensure_packages; "cmd_$cmd" ;;
     help|-h|--help) usage ;;
     *) usage >&2; exit 2 ;;
   esac

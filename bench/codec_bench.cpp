@@ -9,10 +9,9 @@
 // Issue targets: decode and encode of a 50-op batch >= 20 M ops/s (<= 50 ns/op).
 #include <benchmark/benchmark.h>
 
-#include <msgpack.hpp>
-
 #include <cstdint>
 #include <cstring>
+#include <msgpack.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -59,7 +58,9 @@ wire::BatchedP2PLookupMsg make_lookup(std::size_t n) {
   return msg;
 }
 
-std::string encoded(const wire::Msg& msg) { return wire::encode(msg); }
+std::string encoded(const wire::Msg& msg) {
+  return wire::encode(msg);
+}
 
 std::size_t item_count(const wire::Msg& msg) {
   if (const auto* b = std::get_if<wire::BatchedKVOperationMsg>(&msg)) return b->operations.size();
@@ -146,8 +147,11 @@ struct CxxBatch {
 };
 
 CxxBatch to_cxx(const wire::BatchedKVOperationMsg& msg) {
-  CxxBatch out{std::string(wire::BatchedKVOperationMsg::kTag), msg.instance_id, msg.worker_id,
-               msg.location, {}};
+  CxxBatch out{std::string(wire::BatchedKVOperationMsg::kTag),
+               msg.instance_id,
+               msg.worker_id,
+               msg.location,
+               {}};
   for (const auto& op : msg.operations) {
     out.operations.push_back(CxxOp{op.op_type == wire::OpType::kAdmit ? "admit" : "evict",
                                    *op.key.as_int64(), op.seq_num});

@@ -133,7 +133,7 @@ namespace {
 
 // "controller": kvcontroller as its main runs it, on ephemeral ports, until killed.
 void serve_controller(int fd) {
-  kvnode::keep_freed_memory();  // as kvcontroller's main does
+  kvnode::keep_freed_memory();             // as kvcontroller's main does
   spdlog::set_level(spdlog::level::warn);  // 10 k registrations would log 10 k info lines
   ctl::ControllerConfig config;
   config.controller_host = "127.0.0.1";

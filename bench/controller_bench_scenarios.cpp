@@ -92,8 +92,8 @@ void run_ingest(const Scale& scale, Report& report) {
       const std::string last = lookup_msg(kIngestSeed, steady ? ops + ops / 2 - 1 : ops - 1, 1);
       std::vector<double> rate, bare_rate, cpu, bare_cpu;
       for (int rep = 0; rep < scale.reps; ++rep) {
-        std::fprintf(stderr, "ingest: %s, batch %lu, repetition %d\n",
-                     steady ? "steady" : "growth", batch, rep + 1);
+        std::fprintf(stderr, "ingest: %s, batch %lu, repetition %d\n", steady ? "steady" : "growth",
+                     batch, rep + 1);
         const std::vector<std::string> none;
         const IngestRun c = ingest_controller(steady ? warm : none, warm_last, frames, last);
         const IngestRun b = ingest_bare_pull(frames);

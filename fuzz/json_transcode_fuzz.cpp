@@ -1,11 +1,10 @@
 // fuzz_json_transcode: arbitrary text into json_to_msgpack(). Its output must be exactly one
 // well-formed msgpack object (checked with msgpack-cxx), and whatever the decoders accept from it
 // must round-trip through encode() like in fuzz_wire_decode.
-#include <msgpack.hpp>
-
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <msgpack.hpp>
 #include <string>
 #include <string_view>
 
@@ -23,7 +22,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::size_t offset = 0;
     const msgpack::object_handle handle = msgpack::unpack(bytes.data(), bytes.size(), offset);
     (void)handle;
-    if (offset != bytes.size()) kvnode::fuzz::fail("json_to_msgpack left trailing bytes", "", bytes);
+    if (offset != bytes.size())
+      kvnode::fuzz::fail("json_to_msgpack left trailing bytes", "", bytes);
   } catch (const std::exception& e) {
     kvnode::fuzz::fail("json_to_msgpack output is not msgpack", e.what(), bytes);
   }

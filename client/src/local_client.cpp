@@ -56,8 +56,8 @@ struct LocalClient::Impl {
     Result<protocol::Reply> r = exchange(q, deadline);
     if (!r) {
       socket.reset();
-      Error e = wrap_error("kvnode at " + path + ", '" + protocol::to_string(q.op) + "': ",
-                           r.error());
+      Error e =
+          wrap_error("kvnode at " + path + ", '" + protocol::to_string(q.op) + "': ", r.error());
       if (e.code == ErrorCode::kDeadline)
         e.message += " (timeout " + std::to_string(options.timeout.count()) + " ms)";
       return e;
@@ -69,28 +69,29 @@ struct LocalClient::Impl {
   // The node's answer to info: its geometry, and its staging region mapped when it is used.
   // Once connected, a node that comes back with another chunk geometry is refused.
   Status adopt(const protocol::Reply& r) {
-    if (r.chunk_bytes == 0 || r.pages == 0 ||
-        (r.slots != 0 && r.chunk_bytes > SIZE_MAX / r.slots))
+    if (r.chunk_bytes == 0 || r.pages == 0 || (r.slots != 0 && r.chunk_bytes > SIZE_MAX / r.slots))
       return make_error(ErrorCode::kInternal,
                         "kvnode at " + path + " answered an inconsistent pool geometry");
     if (info.chunk_bytes != 0 &&
         (r.chunk_bytes != info.chunk_bytes || r.chunk_size != info.chunk_size))
-      return make_error(ErrorCode::kPeerLost,
-                        "kvnode at " + path + " restarted with chunks of " +
-                            std::to_string(r.chunk_bytes) + " bytes and " +
-                            std::to_string(r.chunk_size) + " tokens (were " +
-                            std::to_string(info.chunk_bytes) + " and " +
-                            std::to_string(info.chunk_size) + "): connect again");
+      return make_error(ErrorCode::kPeerLost, "kvnode at " + path + " restarted with chunks of " +
+                                                  std::to_string(r.chunk_bytes) + " bytes and " +
+                                                  std::to_string(r.chunk_size) + " tokens (were " +
+                                                  std::to_string(info.chunk_bytes) + " and " +
+                                                  std::to_string(info.chunk_size) +
+                                                  "): connect again");
     pool.reset();
     slots = 0;
-    info = NodeInfo{r.chunk_bytes, r.chunk_size, r.pages,    r.shm,
-                    r.location,    r.instance,   r.worker_id};
+    info =
+        NodeInfo{r.chunk_bytes, r.chunk_size, r.pages, r.shm, r.location, r.instance, r.worker_id};
     if (!options.use_shared_memory || r.shm.empty() || r.slots == 0) return {};
-    Result<detail::SharedStaging> mapped = detail::SharedStaging::open(r.shm, r.slots * r.chunk_bytes);
+    Result<detail::SharedStaging> mapped =
+        detail::SharedStaging::open(r.shm, r.slots * r.chunk_bytes);
     if (!mapped)
-      return wrap_error("kvnode at " + path + ": ",
-                        Error{mapped.error().code,
-                              mapped.error().message + " (use_shared_memory=false sends bytes inline)"});
+      return wrap_error(
+          "kvnode at " + path + ": ",
+          Error{mapped.error().code,
+                mapped.error().message + " (use_shared_memory=false sends bytes inline)"});
     pool.emplace(std::move(mapped).value());
     slots = r.slots;
     return {};
@@ -153,8 +154,12 @@ Result<std::unique_ptr<LocalClient>> LocalClient::connect(const std::string& soc
 
 LocalClient::LocalClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 LocalClient::~LocalClient() = default;
-const NodeInfo& LocalClient::info() const { return impl_->info; }
-bool LocalClient::shared_memory() const { return impl_->pool.has_value(); }
+const NodeInfo& LocalClient::info() const {
+  return impl_->info;
+}
+bool LocalClient::shared_memory() const {
+  return impl_->pool.has_value();
+}
 
 Result<std::size_t> LocalClient::put(const ChunkKeys& keys, std::span<const std::byte> data,
                                      PutSeries* series) {
@@ -175,7 +180,8 @@ Result<std::size_t> LocalClient::put(const ChunkKeys& keys, std::span<const std:
   for (std::size_t first = 0; first < all.size(); first += round) {
     const std::size_t n = std::min(round, all.size() - first);
     protocol::Request q;
-    q.hashes.assign(all.begin() + static_cast<std::ptrdiff_t>(first), all.begin() + static_cast<std::ptrdiff_t>(first + n));
+    q.hashes.assign(all.begin() + static_cast<std::ptrdiff_t>(first),
+                    all.begin() + static_cast<std::ptrdiff_t>(first + n));
     q.since = put_series.since;
     const std::span<const std::byte> bytes = data.subspan(first * chunk, n * chunk);
     if (!m.pool) {
@@ -235,7 +241,8 @@ Result<std::size_t> LocalClient::get(const ChunkKeys& keys, std::span<std::byte>
     protocol::Request q;
     const bool leased = m.pool.has_value();
     q.op = leased ? protocol::LocalOp::kLease : protocol::LocalOp::kGet;
-    q.hashes.assign(all.begin() + static_cast<std::ptrdiff_t>(read), all.begin() + static_cast<std::ptrdiff_t>(read + n));
+    q.hashes.assign(all.begin() + static_cast<std::ptrdiff_t>(read),
+                    all.begin() + static_cast<std::ptrdiff_t>(read + n));
     Result<protocol::Reply> r = m.call(q);
     if (!r) return r.error();
     std::size_t got = 0;
@@ -285,7 +292,8 @@ Result<std::vector<std::int64_t>> LocalClient::hashes(const std::vector<std::int
 }
 
 Result<std::size_t> LocalClient::lookup(const std::vector<std::int64_t>& tokens) {
-  Result<protocol::Reply> r = impl_->call(impl_->request(protocol::LocalOp::kLookup, ChunkKeys::of_tokens(tokens)));
+  Result<protocol::Reply> r =
+      impl_->call(impl_->request(protocol::LocalOp::kLookup, ChunkKeys::of_tokens(tokens)));
   if (!r) return r.error();
   return r->tokens;
 }

@@ -1,18 +1,18 @@
 #include "kvnode/client/local_protocol.hpp"
 
-#include <msgpack.hpp>
-
 #include <array>
 #include <cstring>
 #include <functional>
+#include <msgpack.hpp>
 #include <optional>
 
 namespace kvnode::client::protocol {
 namespace {
 
-constexpr std::array kOps = {LocalOp::kInfo,   LocalOp::kHashes,  LocalOp::kContains, LocalOp::kLookup,
-                             LocalOp::kPut,    LocalOp::kGet,     LocalOp::kReserve,  LocalOp::kCommit,
-                             LocalOp::kAbort,  LocalOp::kLease,   LocalOp::kRelease,  LocalOp::kRetrieve};
+constexpr std::array kOps = {LocalOp::kInfo,    LocalOp::kHashes,  LocalOp::kContains,
+                             LocalOp::kLookup,  LocalOp::kPut,     LocalOp::kGet,
+                             LocalOp::kReserve, LocalOp::kCommit,  LocalOp::kAbort,
+                             LocalOp::kLease,   LocalOp::kRelease, LocalOp::kRetrieve};
 
 std::optional<LocalOp> op_named(std::string_view name) {
   for (LocalOp op : kOps)
@@ -74,7 +74,8 @@ Status field_error(const std::string& path, const std::string& what) {
 }
 
 Status read_uint(const msgpack::object& v, const std::string& path, std::uint64_t& out) {
-  if (v.type != msgpack::type::POSITIVE_INTEGER) return field_error(path, "expected an unsigned integer");
+  if (v.type != msgpack::type::POSITIVE_INTEGER)
+    return field_error(path, "expected an unsigned integer");
   out = v.via.u64;
   return {};
 }
@@ -85,7 +86,8 @@ Status read_int(const msgpack::object& v, const std::string& path, std::int64_t&
     return {};
   }
   if (v.type != msgpack::type::POSITIVE_INTEGER) return field_error(path, "expected an integer");
-  if (v.via.u64 > static_cast<std::uint64_t>(INT64_MAX)) return field_error(path, "does not fit 64 signed bits");
+  if (v.via.u64 > static_cast<std::uint64_t>(INT64_MAX))
+    return field_error(path, "does not fit 64 signed bits");
   out = static_cast<std::int64_t>(v.via.u64);
   return {};
 }
@@ -96,12 +98,15 @@ Status read_str(const msgpack::object& v, const std::string& path, std::string& 
   return {};
 }
 
-Status read_ints(const msgpack::object& v, const std::string& path, std::vector<std::int64_t>& out) {
+Status read_ints(const msgpack::object& v, const std::string& path,
+                 std::vector<std::int64_t>& out) {
   if (v.type != msgpack::type::ARRAY) return field_error(path, "expected an array of integers");
-  if (v.via.array.size > kMaxKeys) return field_error(path, "more than " + std::to_string(kMaxKeys) + " entries");
+  if (v.via.array.size > kMaxKeys)
+    return field_error(path, "more than " + std::to_string(kMaxKeys) + " entries");
   out.resize(v.via.array.size);
   for (std::uint32_t i = 0; i < v.via.array.size; ++i)
-    if (Status s = read_int(v.via.array.ptr[i], path + "[" + std::to_string(i) + "]", out[i]); !s) return s;
+    if (Status s = read_int(v.via.array.ptr[i], path + "[" + std::to_string(i) + "]", out[i]); !s)
+      return s;
   return {};
 }
 
@@ -118,7 +123,8 @@ Status read_map(std::span<const std::byte> bytes, const char* root, OnField on_f
   msgpack::object_handle handle;
   try {
     const msgpack::unpack_limit limits(kMaxKeys, 32, 4096, kMaxInlineBytes, 0, 3);
-    handle = msgpack::unpack(reinterpret_cast<const char*>(bytes.data()), bytes.size(), nullptr, nullptr, limits);
+    handle = msgpack::unpack(reinterpret_cast<const char*>(bytes.data()), bytes.size(), nullptr,
+                             nullptr, limits);
   } catch (const std::exception& e) {
     return make_error(ErrorCode::kInvalid,
                       std::string(root) + ": not a valid msgpack message (" + e.what() + ")");
@@ -140,24 +146,37 @@ Status read_map(std::span<const std::byte> bytes, const char* root, OnField on_f
 
 const char* to_string(LocalOp op) noexcept {
   switch (op) {
-    case LocalOp::kInfo: return "info";
-    case LocalOp::kHashes: return "hashes";
-    case LocalOp::kContains: return "contains";
-    case LocalOp::kLookup: return "lookup";
-    case LocalOp::kPut: return "put";
-    case LocalOp::kGet: return "get";
-    case LocalOp::kReserve: return "reserve";
-    case LocalOp::kCommit: return "commit";
-    case LocalOp::kAbort: return "abort";
-    case LocalOp::kLease: return "lease";
-    case LocalOp::kRelease: return "release";
-    case LocalOp::kRetrieve: return "retrieve";
+    case LocalOp::kInfo:
+      return "info";
+    case LocalOp::kHashes:
+      return "hashes";
+    case LocalOp::kContains:
+      return "contains";
+    case LocalOp::kLookup:
+      return "lookup";
+    case LocalOp::kPut:
+      return "put";
+    case LocalOp::kGet:
+      return "get";
+    case LocalOp::kReserve:
+      return "reserve";
+    case LocalOp::kCommit:
+      return "commit";
+    case LocalOp::kAbort:
+      return "abort";
+    case LocalOp::kLease:
+      return "lease";
+    case LocalOp::kRelease:
+      return "release";
+    case LocalOp::kRetrieve:
+      return "retrieve";
   }
   return "unknown";
 }
 
 ErrorCode error_code_named(std::string_view name) noexcept {
-  for (auto c = static_cast<int>(ErrorCode::kInvalid); c <= static_cast<int>(ErrorCode::kInternal); ++c)
+  for (auto c = static_cast<int>(ErrorCode::kInvalid); c <= static_cast<int>(ErrorCode::kInternal);
+       ++c)
     if (name == to_string(static_cast<ErrorCode>(c))) return static_cast<ErrorCode>(c);
   return ErrorCode::kInternal;
 }
@@ -173,8 +192,10 @@ Reply failure(const Error& error) {
 std::vector<std::byte> encode(const Request& r) {
   MapOut m;
   m.add("op", [&r](Packer& pk) { pack_str(pk, to_string(r.op)); });
-  if (r.by_tokens) add_ints(m, "tokens", r.tokens);
-  else if (!r.hashes.empty()) add_ints(m, "hashes", r.hashes);
+  if (r.by_tokens)
+    add_ints(m, "tokens", r.tokens);
+  else if (!r.hashes.empty())
+    add_ints(m, "hashes", r.hashes);
   if (!r.data.empty()) m.add("data", [&r](Packer& pk) { pack_bin(pk, r.data); });
   if (r.hold != 0) m.add("hold", [&r](Packer& pk) { pk.pack(r.hold); });
   if (r.since != 0) m.add("since", [&r](Packer& pk) { pk.pack(r.since); });
@@ -188,10 +209,15 @@ std::vector<std::byte> encode(const Reply& r) {
     m.add("error", [&r](Packer& pk) { pack_str(pk, r.error); });
     m.add("code", [&r](Packer& pk) { pack_str(pk, to_string(r.code)); });
   }
-  const std::pair<const char*, const std::uint64_t*> uints[] = {
-      {"chunk_bytes", &r.chunk_bytes}, {"chunk_size", &r.chunk_size}, {"pages", &r.pages},
-      {"slots", &r.slots},   {"hold", &r.hold},             {"count", &r.count},
-      {"tokens", &r.tokens},           {"pulled", &r.pulled},      {"since", &r.since}};
+  const std::pair<const char*, const std::uint64_t*> uints[] = {{"chunk_bytes", &r.chunk_bytes},
+                                                                {"chunk_size", &r.chunk_size},
+                                                                {"pages", &r.pages},
+                                                                {"slots", &r.slots},
+                                                                {"hold", &r.hold},
+                                                                {"count", &r.count},
+                                                                {"tokens", &r.tokens},
+                                                                {"pulled", &r.pulled},
+                                                                {"since", &r.since}};
   for (const auto& [key, value] : uints)
     if (*value != 0) m.add(key, [value](Packer& pk) { pk.pack(*value); });
   if (r.worker_id != 0) m.add("worker_id", [&r](Packer& pk) { pk.pack(r.worker_id); });
@@ -213,27 +239,29 @@ std::vector<std::byte> encode(const Reply& r) {
 Result<Request> decode_request(std::span<const std::byte> bytes) {
   Request r;
   bool has_op = false;
-  Status s = read_map(bytes, "request", [&](const std::string& key, const msgpack::object& v,
-                                           const std::string& path) -> Status {
-    if (key == "op") {
-      has_op = true;
-      std::string name;
-      if (Status s = read_str(v, path, name); !s) return s;
-      const std::optional<LocalOp> op = op_named(name);
-      if (!op) return field_error(path, "unknown operation '" + name + "' (" + op_names() + ")");
-      r.op = *op;
-      return {};
-    }
-    if (key == "hashes") return read_ints(v, path, r.hashes);
-    if (key == "tokens") {
-      r.by_tokens = true;
-      return read_ints(v, path, r.tokens);
-    }
-    if (key == "data") return read_bin(v, path, r.data);
-    if (key == "hold") return read_uint(v, path, r.hold);
-    if (key == "since") return read_uint(v, path, r.since);
-    return field_error(path, "unknown field");
-  });
+  Status s = read_map(
+      bytes, "request",
+      [&](const std::string& key, const msgpack::object& v, const std::string& path) -> Status {
+        if (key == "op") {
+          has_op = true;
+          std::string name;
+          if (Status s = read_str(v, path, name); !s) return s;
+          const std::optional<LocalOp> op = op_named(name);
+          if (!op)
+            return field_error(path, "unknown operation '" + name + "' (" + op_names() + ")");
+          r.op = *op;
+          return {};
+        }
+        if (key == "hashes") return read_ints(v, path, r.hashes);
+        if (key == "tokens") {
+          r.by_tokens = true;
+          return read_ints(v, path, r.tokens);
+        }
+        if (key == "data") return read_bin(v, path, r.data);
+        if (key == "hold") return read_uint(v, path, r.hold);
+        if (key == "since") return read_uint(v, path, r.since);
+        return field_error(path, "unknown field");
+      });
   if (!s) return s.error();
   if (!has_op) return make_error(ErrorCode::kInvalid, "request.op: missing");
   if (r.by_tokens && !r.hashes.empty())
@@ -243,49 +271,51 @@ Result<Request> decode_request(std::span<const std::byte> bytes) {
 
 Result<Reply> decode_reply(std::span<const std::byte> bytes) {
   Reply r;
-  Status s = read_map(bytes, "reply", [&](const std::string& key, const msgpack::object& v,
-                                         const std::string& path) -> Status {
-    if (key == "ok") {
-      if (v.type != msgpack::type::BOOLEAN) return field_error(path, "expected a boolean");
-      r.ok = v.via.boolean;
-      return {};
-    }
-    if (key == "error") return read_str(v, path, r.error);
-    if (key == "code") {
-      std::string name;
-      if (Status s = read_str(v, path, name); !s) return s;
-      r.code = error_code_named(name);
-      return {};
-    }
-    if (key == "chunk_bytes") return read_uint(v, path, r.chunk_bytes);
-    if (key == "chunk_size") return read_uint(v, path, r.chunk_size);
-    if (key == "pages") return read_uint(v, path, r.pages);
-    if (key == "slots") return read_uint(v, path, r.slots);
-    if (key == "hold") return read_uint(v, path, r.hold);
-    if (key == "count") return read_uint(v, path, r.count);
-    if (key == "tokens") return read_uint(v, path, r.tokens);
-    if (key == "pulled") return read_uint(v, path, r.pulled);
-    if (key == "since") return read_uint(v, path, r.since);
-    if (key == "worker_id") return read_int(v, path, r.worker_id);
-    if (key == "shm") return read_str(v, path, r.shm);
-    if (key == "location") return read_str(v, path, r.location);
-    if (key == "instance") return read_str(v, path, r.instance);
-    if (key == "peer") return read_str(v, path, r.peer);
-    if (key == "offsets") return read_ints(v, path, r.offsets);
-    if (key == "hashes") return read_ints(v, path, r.hashes);
-    if (key == "data") return read_bin(v, path, r.data);
-    if (key == "present") {
-      if (v.type != msgpack::type::ARRAY) return field_error(path, "expected an array of booleans");
-      r.present.resize(v.via.array.size);
-      for (std::uint32_t i = 0; i < v.via.array.size; ++i) {
-        if (v.via.array.ptr[i].type != msgpack::type::BOOLEAN)
-          return field_error(path + "[" + std::to_string(i) + "]", "expected a boolean");
-        r.present[i] = v.via.array.ptr[i].via.boolean;
-      }
-      return {};
-    }
-    return {};  // newer daemons may answer more
-  });
+  Status s = read_map(
+      bytes, "reply",
+      [&](const std::string& key, const msgpack::object& v, const std::string& path) -> Status {
+        if (key == "ok") {
+          if (v.type != msgpack::type::BOOLEAN) return field_error(path, "expected a boolean");
+          r.ok = v.via.boolean;
+          return {};
+        }
+        if (key == "error") return read_str(v, path, r.error);
+        if (key == "code") {
+          std::string name;
+          if (Status s = read_str(v, path, name); !s) return s;
+          r.code = error_code_named(name);
+          return {};
+        }
+        if (key == "chunk_bytes") return read_uint(v, path, r.chunk_bytes);
+        if (key == "chunk_size") return read_uint(v, path, r.chunk_size);
+        if (key == "pages") return read_uint(v, path, r.pages);
+        if (key == "slots") return read_uint(v, path, r.slots);
+        if (key == "hold") return read_uint(v, path, r.hold);
+        if (key == "count") return read_uint(v, path, r.count);
+        if (key == "tokens") return read_uint(v, path, r.tokens);
+        if (key == "pulled") return read_uint(v, path, r.pulled);
+        if (key == "since") return read_uint(v, path, r.since);
+        if (key == "worker_id") return read_int(v, path, r.worker_id);
+        if (key == "shm") return read_str(v, path, r.shm);
+        if (key == "location") return read_str(v, path, r.location);
+        if (key == "instance") return read_str(v, path, r.instance);
+        if (key == "peer") return read_str(v, path, r.peer);
+        if (key == "offsets") return read_ints(v, path, r.offsets);
+        if (key == "hashes") return read_ints(v, path, r.hashes);
+        if (key == "data") return read_bin(v, path, r.data);
+        if (key == "present") {
+          if (v.type != msgpack::type::ARRAY)
+            return field_error(path, "expected an array of booleans");
+          r.present.resize(v.via.array.size);
+          for (std::uint32_t i = 0; i < v.via.array.size; ++i) {
+            if (v.via.array.ptr[i].type != msgpack::type::BOOLEAN)
+              return field_error(path + "[" + std::to_string(i) + "]", "expected a boolean");
+            r.present[i] = v.via.array.ptr[i].via.boolean;
+          }
+          return {};
+        }
+        return {};  // newer daemons may answer more
+      });
   if (!s) return s.error();
   return r;
 }

@@ -48,9 +48,10 @@ Error connect_error(const std::string& path, int err) {
                       "permission denied on " + path + " (the socket is owner-only: run as " +
                           (stat_ok ? user_name(st.st_uid) : std::string("its owner")) + ")");
   if (err == ECONNREFUSED)
-    return make_error(ErrorCode::kPeerLost,
-                      "nothing listens on " + path +
-                          ": the node that made this socket is gone (start it, or remove the file)");
+    return make_error(
+        ErrorCode::kPeerLost,
+        "nothing listens on " + path +
+            ": the node that made this socket is gone (start it, or remove the file)");
   return make_error(ErrorCode::kIo, "local socket " + path + ": " + std::strerror(err));
 }
 
@@ -127,7 +128,8 @@ Status send_frame(int fd, std::span<const std::byte> body, Clock::time_point dea
     if (err != EAGAIN && err != EWOULDBLOCK) return lost("taking the request", err);
     Result<bool> ready = wait_for(fd, POLLOUT, deadline);
     if (!ready) return ready.error();
-    if (!*ready) return make_error(ErrorCode::kDeadline, "the node did not take the request in time");
+    if (!*ready)
+      return make_error(ErrorCode::kDeadline, "the node did not take the request in time");
   }
   return {};
 }
@@ -139,13 +141,15 @@ Result<std::vector<std::byte>> receive_frame(int fd, Clock::time_point deadline)
     const ssize_t n = ::recv(fd, space.data(), space.size(), 0);
     if (n > 0) {
       switch (reader.advance(static_cast<std::size_t>(n))) {
-        case protocol::FrameReader::Progress::kMore: continue;
-        case protocol::FrameReader::Progress::kFrame: return reader.take();
+        case protocol::FrameReader::Progress::kMore:
+          continue;
+        case protocol::FrameReader::Progress::kFrame:
+          return reader.take();
         case protocol::FrameReader::Progress::kTooLarge:
-          return make_error(ErrorCode::kInternal,
-                            "the node answered a frame of " + std::to_string(reader.declared()) +
-                                " bytes, over the limit of " +
-                                std::to_string(protocol::kMaxMessageBytes));
+          return make_error(ErrorCode::kInternal, "the node answered a frame of " +
+                                                      std::to_string(reader.declared()) +
+                                                      " bytes, over the limit of " +
+                                                      std::to_string(protocol::kMaxMessageBytes));
       }
     }
     if (n == 0) return lost("answering", 0);

@@ -52,7 +52,8 @@ Result<wire::Msg> ControllerLink::exchange(const wire::Msg& request,
                                            const std::function<bool()>& stop) {
   const std::string payload = wire::encode(request);
   try {
-    (void)failure();  // a drop before this request does not concern it: ZMQ resends after reconnecting
+    (void)failure();  // a drop before this request does not concern it: ZMQ resends after
+                      // reconnecting
     if (!dealer_.send(zmq::message_t(), zmq::send_flags::sndmore) ||
         !dealer_.send(zmq::buffer(payload), zmq::send_flags::none))
       return make_error(ErrorCode::kDeadline, "send timed out");
@@ -64,7 +65,8 @@ Result<wire::Msg> ControllerLink::exchange(const wire::Msg& request,
       zmq::poll(items, n, kSlice);
       if (items[0].revents & ZMQ_POLLIN) break;
       if (n == 2 && (items[1].revents & ZMQ_POLLIN))
-        if (std::optional<std::string> why = failure()) return make_error(ErrorCode::kPeerLost, std::move(*why));
+        if (std::optional<std::string> why = failure())
+          return make_error(ErrorCode::kPeerLost, std::move(*why));
       if (stop()) return make_error(ErrorCode::kRefused, "stopping");
       if (std::chrono::steady_clock::now() > give_up)
         return make_error(ErrorCode::kDeadline, "no reply within the request timeout");
@@ -72,7 +74,8 @@ Result<wire::Msg> ControllerLink::exchange(const wire::Msg& request,
     zmq::message_t frame;
     std::string last;
     do {
-      if (!dealer_.recv(frame, zmq::recv_flags::none)) return make_error(ErrorCode::kPeerLost, "receive failed");
+      if (!dealer_.recv(frame, zmq::recv_flags::none))
+        return make_error(ErrorCode::kPeerLost, "receive failed");
       last = frame.to_string();
     } while (frame.more());
     return wire::decode(last);  // the last frame, as LMCache reads it

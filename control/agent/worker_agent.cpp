@@ -130,9 +130,7 @@ void WorkerAgent::Impl::shutdown() {
   // and the events it reported reach the controller before the DeRegisterMsg does.
   if (server_) server_->stop();
   if (stopping_.exchange(true)) return;
-  {
-    std::lock_guard lock(stop_mutex_);
-  }
+  { std::lock_guard lock(stop_mutex_); }
   stop_cv_.notify_all();
   events_cv_.notify_all();
   for (std::thread* t : {&control_thread_, &sync_thread_, &events_thread_})
@@ -164,7 +162,8 @@ void WorkerAgent::Impl::register_and_heartbeat() {
     Result<wire::Msg> reply =
         s.exchange(hello, attempt_timeout, [this] { return stopping_.load(); });
     if (reply && as<wire::RegisterRetMsg>(*reply)) {
-      if (const std::string* url = as<wire::RegisterRetMsg>(*reply)->extra_config.find("heartbeat_url"))
+      if (const std::string* url =
+              as<wire::RegisterRetMsg>(*reply)->extra_config.find("heartbeat_url"))
         heartbeat_url = *url;
       registered_ = true;
       count([](AgentCounters& c) {
@@ -213,8 +212,10 @@ void WorkerAgent::Impl::register_and_heartbeat() {
       const auto* sync = std::get_if<wire::FullSyncCommand>(&command);
       if (!sync) continue;
       if (!handlers_.snapshot) {
-        spdlog::warn("worker agent: the controller asks for a full sync ({}) but this worker has "
-                     "nothing to send", sync->reason.value_or(""));
+        spdlog::warn(
+            "worker agent: the controller asks for a full sync ({}) but this worker has "
+            "nothing to send",
+            sync->reason.value_or(""));
         continue;
       }
       if (syncing_.exchange(true)) continue;  // one at a time; later requests are ignored
@@ -240,9 +241,10 @@ bool WorkerAgent::Impl::send_raw(const wire::Msg& m) {
 
 void WorkerAgent::Impl::full_sync(const std::string& reason) {
   std::mt19937_64 rng(std::random_device{}());
-  const auto delay = options_.full_sync_startup_delay.count() > 0
-                         ? std::chrono::milliseconds(rng() % options_.full_sync_startup_delay.count())
-                         : std::chrono::milliseconds(0);
+  const auto delay =
+      options_.full_sync_startup_delay.count() > 0
+          ? std::chrono::milliseconds(rng() % options_.full_sync_startup_delay.count())
+          : std::chrono::milliseconds(0);
   if (wait_or_stop(delay)) return;
   count([](AgentCounters& c) { ++c.full_syncs_started; });
   if (handlers_.freeze) handlers_.freeze(true);
@@ -256,19 +258,21 @@ void WorkerAgent::Impl::full_sync(const std::string& reason) {
   const std::string location = "LocalCPUBackend";
   const std::vector<std::int64_t> keys = handlers_.snapshot();
   const std::size_t per = std::max<std::size_t>(1, options_.full_sync_batch_size);
-  const std::int64_t batches = std::max<std::int64_t>(1, static_cast<std::int64_t>((keys.size() + per - 1) / per));
+  const std::int64_t batches =
+      std::max<std::int64_t>(1, static_cast<std::int64_t>((keys.size() + per - 1) / per));
   char id[9];
   std::snprintf(id, sizeof(id), "%08x", static_cast<unsigned>(rng()));
-  const std::string sync_id = options_.instance_id + "_" + std::to_string(options_.worker_id) + "_" + id;
+  const std::string sync_id =
+      options_.instance_id + "_" + std::to_string(options_.worker_id) + "_" + id;
   spdlog::info("worker agent: full sync {} ({}): {} keys in {} batches", sync_id, reason,
                keys.size(), batches);
 
   bool accepted = false;
   for (int t = 0; t < options_.full_sync_start_tries && !accepted && !stopping_; ++t) {
     if (t && wait_or_stop(options_.full_sync_retry_delay)) return;
-    Result<wire::Msg> r = call(wire::FullSyncStartMsg{options_.instance_id, options_.worker_id,
-                                                      location, sync_id,
-                                                      static_cast<std::int64_t>(keys.size()), batches});
+    Result<wire::Msg> r =
+        call(wire::FullSyncStartMsg{options_.instance_id, options_.worker_id, location, sync_id,
+                                    static_cast<std::int64_t>(keys.size()), batches});
     const auto* ret = r ? std::get_if<wire::FullSyncStartRetMsg>(&*r) : nullptr;
     accepted = ret && ret->accepted;
     if (ret && !ret->accepted)
@@ -295,12 +299,14 @@ void WorkerAgent::Impl::full_sync(const std::string& reason) {
   // refuses writes while frozen); the wait doubles up to the poll interval. The time allowed
   // is what max_polls polls at the interval would take.
   int resends = 0;
-  const auto give_up = std::chrono::steady_clock::now() + options_.full_sync_poll_interval * options_.full_sync_max_polls;
+  const auto give_up = std::chrono::steady_clock::now() +
+                       options_.full_sync_poll_interval * options_.full_sync_max_polls;
   auto wait = std::min(options_.full_sync_poll_interval, std::chrono::milliseconds(50));
   while (std::chrono::steady_clock::now() < give_up) {
     if (wait_or_stop(wait)) return;
     wait = std::min(wait * 2, options_.full_sync_poll_interval);
-    Result<wire::Msg> r = call(wire::FullSyncStatusMsg{options_.instance_id, options_.worker_id, sync_id});
+    Result<wire::Msg> r =
+        call(wire::FullSyncStatusMsg{options_.instance_id, options_.worker_id, sync_id});
     const auto* st = r ? std::get_if<wire::FullSyncStatusRetMsg>(&*r) : nullptr;
     if (!st) continue;  // LMCache's fallback: not complete, keep polling
     if (st->can_exit_freeze) {
@@ -317,7 +323,8 @@ void WorkerAgent::Impl::full_sync(const std::string& reason) {
   }
   spdlog::warn("worker agent: full sync {} not confirmed within {} s; unfreezing", sync_id,
                std::chrono::duration_cast<std::chrono::seconds>(options_.full_sync_poll_interval *
-                                                                options_.full_sync_max_polls).count());
+                                                                options_.full_sync_max_polls)
+                   .count());
 }
 
 // ---- Events -----------------------------------------------------------------------------------
@@ -360,8 +367,10 @@ void WorkerAgent::Impl::push_events() {
     for (const wire::Msg& m : raw) send(m);
     // One message per location and per batch_size ops, sequence numbers per location from 0.
     while (!batch.empty()) {
-      wire::BatchedKVOperationMsg m{options_.instance_id, options_.worker_id, batch.front().first, {}};
-      for (auto it = batch.begin(); it != batch.end() && m.operations.size() < options_.batch_size;) {
+      wire::BatchedKVOperationMsg m{
+          options_.instance_id, options_.worker_id, batch.front().first, {}};
+      for (auto it = batch.begin();
+           it != batch.end() && m.operations.size() < options_.batch_size;) {
         if (it->first != m.location) {
           ++it;
           continue;
@@ -395,12 +404,20 @@ Result<std::unique_ptr<WorkerAgent>> WorkerAgent::start(const AgentOptions& opti
 
 WorkerAgent::WorkerAgent(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 WorkerAgent::~WorkerAgent() = default;
-int WorkerAgent::port() const { return impl_->port(); }
+int WorkerAgent::port() const {
+  return impl_->port();
+}
 void WorkerAgent::report(const std::string& location, wire::OpType op, std::int64_t hash) {
   impl_->report(location, op, hash);
 }
-Result<wire::Msg> WorkerAgent::call(const wire::Msg& request) { return impl_->call(request); }
-bool WorkerAgent::registered() const { return impl_->counters().registered; }
-AgentCounters WorkerAgent::counters() const { return impl_->counters(); }
+Result<wire::Msg> WorkerAgent::call(const wire::Msg& request) {
+  return impl_->call(request);
+}
+bool WorkerAgent::registered() const {
+  return impl_->counters().registered;
+}
+AgentCounters WorkerAgent::counters() const {
+  return impl_->counters();
+}
 
 }  // namespace kvnode::agent

@@ -3,21 +3,19 @@
 #include <arpa/inet.h>
 #include <malloc.h>
 #include <netinet/in.h>
+#include <spdlog/spdlog.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
-
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <thread>
-
-#include <spdlog/spdlog.h>
 #include <zmq.hpp>
 
 #include "kvnode/controller/fanout.hpp"
@@ -33,7 +31,7 @@ namespace {
 constexpr auto kPollInterval = std::chrono::milliseconds(100);  // how soon stop() is noticed
 constexpr std::size_t kMaxQueuedOrchestratorMsgs = 1024;
 constexpr int kIngestNice = 5;  // the PULL thread's nice value, relative to the process's
-constexpr int kPullHwm = 1000;     // batches queued in the PULL socket
+constexpr int kPullHwm = 1000;  // batches queued in the PULL socket
 // The context's two I/O threads: one reads ingest, the other serves requests (the ROUTERs and the
 // fan-out's DEALERs), so a lookup or a worker's reply never queues behind a burst of batches.
 constexpr int kIngestIoThread = 0, kRequestIoThread = 1;
@@ -49,8 +47,7 @@ constexpr std::size_t kReapedLinesLogged = 16;  // more are summed up in one lin
 constexpr std::size_t kTrimAfterReaping = 1024;
 
 double epoch_seconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 // The address other hosts reach us at: the local end of a UDP socket "connected" to a public
@@ -86,8 +83,9 @@ int bound_port(const zmq::socket_t& socket) {
 }
 
 // Binds a socket; io_thread picks which ZMQ I/O thread serves it.
-Result<zmq::socket_t> bind_socket(zmq::context_t& ctx, zmq::socket_type type, const std::string& host,
-                                  int port, int io_thread, const char* what) {
+Result<zmq::socket_t> bind_socket(zmq::context_t& ctx, zmq::socket_type type,
+                                  const std::string& host, int port, int io_thread,
+                                  const char* what) {
   const std::string address = bind_address(host, port);
   try {
     zmq::socket_t socket(ctx, type);
@@ -260,7 +258,8 @@ struct Controller::Impl {
     socket.set(zmq::sockopt::rcvtimeo, static_cast<int>(kPollInterval.count()));
     std::vector<zmq::message_t> frames;
     while (!stopping.load(std::memory_order_relaxed))
-      if (recv_multipart(socket, frames, zmq::recv_flags::none)) answer(socket, frames, kind, handler);
+      if (recv_multipart(socket, frames, zmq::recv_flags::none))
+        answer(socket, frames, kind, handler);
   }
 
   // Workers without a heartbeat contract (LMCache's default) not seen for the worker timeout:
@@ -317,10 +316,12 @@ struct Controller::Impl {
       const double timeout = config.lmcache_worker_timeout;
       log_reaped(reaped, fmt::format("no heartbeat for {} s", timeout));
       log_reaped(unreachable, fmt::format("never heartbeated, not seen for {} s and its worker "
-                                          "port refused a connection", timeout));
+                                          "port refused a connection",
+                                          timeout));
       metrics.workers_reaped += reaped.size() + unreachable.size();
       if (reaped.size() + unreachable.size() >= kTrimAfterReaping) ::malloc_trim(0);
-      if (expired) spdlog::warn("{} full sync(s) timed out; those workers will be asked to retry", expired);
+      if (expired)
+        spdlog::warn("{} full sync(s) timed out; those workers will be asked to retry", expired);
     }
   }
 
@@ -356,8 +357,9 @@ struct Controller::Impl {
     ports.reply = bound_port(*reply);
     std::optional<zmq::socket_t> heartbeat;
     if (c.controller_monitor_ports.heartbeat >= 0) {
-      auto hb = bind_socket(ctx, zmq::socket_type::router, c.controller_host,
-                            c.controller_monitor_ports.heartbeat, kRequestIoThread, "heartbeat ROUTER");
+      auto hb =
+          bind_socket(ctx, zmq::socket_type::router, c.controller_host,
+                      c.controller_monitor_ports.heartbeat, kRequestIoThread, "heartbeat ROUTER");
       if (!hb) return hb.error();
       ports.heartbeat = bound_port(*hb);
       heartbeat = std::move(*hb);
@@ -377,8 +379,8 @@ struct Controller::Impl {
     threads.emplace_back(&Impl::router_loop, this, std::move(*reply), RouterKind::kReply,
                          make_handler(advert));
     if (heartbeat)
-      threads.emplace_back(&Impl::router_loop, this, std::move(*heartbeat),
-                           RouterKind::kHeartbeat, make_handler(advert));
+      threads.emplace_back(&Impl::router_loop, this, std::move(*heartbeat), RouterKind::kHeartbeat,
+                           make_handler(advert));
     threads.emplace_back(&Impl::housekeeping_loop, this);
     return {};
   }
@@ -397,7 +399,9 @@ struct Controller::Impl {
 };
 
 Controller::Controller(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Controller::~Controller() { stop(); }
+Controller::~Controller() {
+  stop();
+}
 
 Result<std::unique_ptr<Controller>> Controller::start(const ControllerConfig& config) {
   if (Status valid = validate(config); !valid) return valid.error();
@@ -409,7 +413,11 @@ Result<std::unique_ptr<Controller>> Controller::start(const ControllerConfig& co
   return std::make_unique<Controller>(std::move(impl));
 }
 
-void Controller::stop() { impl_->stop(); }
-const BoundPorts& Controller::ports() const { return impl_->ports; }
+void Controller::stop() {
+  impl_->stop();
+}
+const BoundPorts& Controller::ports() const {
+  return impl_->ports;
+}
 
 }  // namespace kvnode::controller

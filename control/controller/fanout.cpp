@@ -118,4 +118,3 @@ FanOutStats FanOut::stats() const {
 }
 
 }  // namespace kvnode::controller
-

@@ -19,7 +19,6 @@
 #include <unordered_map>
 #include <variant>
 #include <vector>
-
 #include <zmq.hpp>
 
 #include "kvnode/common/result.hpp"
@@ -77,7 +76,7 @@ struct Shared {
   std::deque<Command> queue;  // guarded by mutex
   bool stopping = false;      // guarded by mutex; once set, call() fails at once
   std::string stop_reason;    // guarded by mutex
-  EventFd wake;  // the executor polls it; call() and forget() signal it
+  EventFd wake;               // the executor polls it; call() and forget() signal it
   std::atomic<std::uint64_t> requests{0};
   std::atomic<std::uint64_t> timeouts{0};
   std::atomic<std::uint64_t> late_replies{0};

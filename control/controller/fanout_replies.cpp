@@ -42,9 +42,9 @@ void Executor::expire_calls(Clock::time_point now) {
       remember_late(id, call.on_late, i, p->second.conn->serial, now);
       pending_.erase(p);
       shared_.timeouts.fetch_add(1, std::memory_order_relaxed);
-      call.results[i] = make_error(ErrorCode::kDeadline,
-                                   "no reply from " + call.endpoints[i] + " within " +
-                                       std::to_string(call.budget.count()) + " ms");
+      call.results[i] =
+          make_error(ErrorCode::kDeadline, "no reply from " + call.endpoints[i] + " within " +
+                                               std::to_string(call.budget.count()) + " ms");
     }
     call.missing = 0;
     complete(it);
@@ -91,8 +91,7 @@ void Executor::on_reply(Conn& conn, Reply reply) {
 }
 
 // The callback is the caller's code; its failure must not take the executor down.
-void Executor::notify_late(const LateReplyFn& fn, std::size_t index,
-                           std::string body) noexcept {
+void Executor::notify_late(const LateReplyFn& fn, std::size_t index, std::string body) noexcept {
   try {
     fn(index, std::move(body));
   } catch (...) {

@@ -146,8 +146,7 @@ bool Executor::try_send(Conn& c, std::uint64_t id, const std::string& payload) {
 }
 
 // The worker's DEALER, created and connected on first use.
-Result<Executor::Conn*> Executor::connection(const std::string& key,
-                                             const std::string& endpoint) {
+Result<Executor::Conn*> Executor::connection(const std::string& key, const std::string& endpoint) {
   if (auto it = conns_.find(key); it != conns_.end()) {
     if (it->second.endpoint == endpoint) return &it->second;
     // Replies to requests in flight would come back on the old connection only.

@@ -288,10 +288,10 @@ Reply HttpApi::Impl::key_stats() {
 
 Reply HttpApi::Impl::prometheus() {
   const RegistryStats stats = registry.read([](const Registry& r) { return r.stats(); });
-  return Reply{200,
-               render_prometheus(metrics, stats) +
-                   httpd::prometheus_text(server.counters(), "kvcontroller"),
-               "text/plain; version=0.0.4; charset=utf-8"};
+  return Reply{
+      200,
+      render_prometheus(metrics, stats) + httpd::prometheus_text(server.counters(), "kvcontroller"),
+      "text/plain; version=0.0.4; charset=utf-8"};
 }
 
 HttpApi::HttpApi(Orchestrator& orchestrator, const Guarded<Registry>& registry, Metrics& metrics,

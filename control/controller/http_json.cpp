@@ -61,7 +61,8 @@ Result<std::vector<std::int64_t>> get_int_list(const Body& body, std::string_vie
 
 Result<std::optional<std::vector<std::int64_t>>> get_nullable_int_list(const Body& body,
                                                                        std::string_view name) {
-  if (const auto* list = find_list(body, name)) return std::optional<std::vector<std::int64_t>>(*list);
+  if (const auto* list = find_list(body, name))
+    return std::optional<std::vector<std::int64_t>>(*list);
   const Json* v = find(body, name);
   if (!v || v->is_null()) return std::optional<std::vector<std::int64_t>>();
   auto list = to_int_list(*v, name);

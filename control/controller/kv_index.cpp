@@ -37,8 +37,12 @@ std::uint64_t random_seed() {
 }
 
 // Load limits, as fractions of a table's slots.
-bool above_max_load(std::size_t used, std::size_t slots) { return used * 5 > slots * 4; }
-bool above_prepare_load(std::size_t used, std::size_t slots) { return used * 5 >= slots * 3; }
+bool above_max_load(std::size_t used, std::size_t slots) {
+  return used * 5 > slots * 4;
+}
+bool above_prepare_load(std::size_t used, std::size_t slots) {
+  return used * 5 >= slots * 3;
+}
 
 }  // namespace
 
@@ -57,7 +61,8 @@ KvIndex::Mapping::Mapping(std::size_t bytes, bool huge_pages) {
   char* raw = static_cast<char*>(p);
   base_ = raw;
   if (huge) {
-    base_ = reinterpret_cast<char*>((reinterpret_cast<std::uintptr_t>(raw) + kHuge - 1) & ~(kHuge - 1));
+    base_ =
+        reinterpret_cast<char*>((reinterpret_cast<std::uintptr_t>(raw) + kHuge - 1) & ~(kHuge - 1));
     if (base_ != raw) munmap(raw, static_cast<std::size_t>(base_ - raw));
     if (const std::size_t tail = span - static_cast<std::size_t>(base_ - raw) - bytes_; tail > 0)
       munmap(base_ + bytes_, tail);
@@ -87,7 +92,8 @@ void KvIndex::Mapping::populate_below(std::size_t offset) {
   const std::size_t end = std::min(bytes_, (offset + page_ - 1) / page_ * page_);
   // A write fault maps a zeroed page (a whole huge page in a huge-page region); writing the
   // zero it already holds keeps every slot empty.
-  for (; populated_ < end; populated_ += page_) *static_cast<volatile char*>(base_ + populated_) = 0;
+  for (; populated_ < end; populated_ += page_)
+    *static_cast<volatile char*>(base_ + populated_) = 0;
 }
 
 void KvIndex::Mapping::release_below(std::size_t offset) {
@@ -228,8 +234,7 @@ bool KvIndex::erase(ChunkHash hash, HolderId holder) {
     p.bucket->tags[p.slot] = kEmpty;
     // Lower the counts the insert raised on the full buckets it passed.
     const std::size_t at = static_cast<std::size_t>(p.bucket - cur_.buckets);
-    for (std::size_t b = p.home; b != at; b = (b + 1) & cur_.mask)
-      --cur_.buckets[b].overflow;
+    for (std::size_t b = p.home; b != at; b = (b + 1) & cur_.mask) --cur_.buckets[b].overflow;
     --used_;
     refill(at, p.slot);
   } else if (Place o = migrating() ? find_in(old_, hash, want, cursor_) : Place{}; o.found()) {
@@ -283,8 +288,8 @@ std::size_t KvIndex::holder_size(HolderId holder) const {
 std::size_t KvIndex::memory_bytes() const {
   return (cur_.buckets_n + old_.buckets_n) * sizeof(Bucket) + next_.memory.populated() +
          holders_.capacity() * sizeof(HolderState) +
-         (free_holders_.capacity() + retired_holders_.capacity() +
-          draining_holders_.capacity()) * sizeof(HolderId);
+         (free_holders_.capacity() + retired_holders_.capacity() + draining_holders_.capacity()) *
+             sizeof(HolderId);
 }
 
 KvIndex::Table KvIndex::make_table(std::size_t buckets, bool huge_pages) {

@@ -11,7 +11,9 @@ std::string describe(const WorkerLabel& label) {
          label.endpoint + ")";
 }
 
-bool is_deadline_error(const Error& error) { return error.code == ErrorCode::kDeadline; }
+bool is_deadline_error(const Error& error) {
+  return error.code == ErrorCode::kDeadline;
+}
 
 WorkerOutcome interpret_tokens_reply(const Result<std::string>& reply,
                                      std::string_view expected_tag,

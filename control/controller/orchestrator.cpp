@@ -200,9 +200,10 @@ struct Orchestrator::Impl {
                           400);
       if (s.peer_init_url && *s.peer_init_url == *d.peer_init_url)
         return fail_early(m.event_id, "move",
-                          "worker " + std::to_string(s.worker_id) + " of " + src_id + " and worker " +
-                              std::to_string(d.worker_id) + " of " + dst_id + " are the same node (peer_init_url " +
-                              *d.peer_init_url + "): a move to itself moves nothing",
+                          "worker " + std::to_string(s.worker_id) + " of " + src_id +
+                              " and worker " + std::to_string(d.worker_id) + " of " + dst_id +
+                              " are the same node (peer_init_url " + *d.peer_init_url +
+                              "): a move to itself moves nothing",
                           400);
       wire::MoveWorkerMsg payload{
           "MoveWorker" + std::to_string(s.worker_id) + uuids.next(), m.old_position.location,

@@ -155,8 +155,8 @@ ApplyResult Registry::apply(const wire::BatchedKVOperationMsg& msg, const ApplyS
 
 template <class M>
 static wire::BatchedKVOperationMsg one_op_batch(const M& msg, wire::OpType op) {
-  return wire::BatchedKVOperationMsg{msg.instance_id, msg.worker_id, msg.location,
-                                     {wire::KVOpEvent{op, msg.key, msg.seq_num}}};
+  return wire::BatchedKVOperationMsg{
+      msg.instance_id, msg.worker_id, msg.location, {wire::KVOpEvent{op, msg.key, msg.seq_num}}};
 }
 
 ApplyResult Registry::apply(const wire::KVAdmitMsg& msg) {
@@ -238,8 +238,7 @@ void Registry::sync_batch(const wire::FullSyncBatchMsg& msg, double now) {
 
 void Registry::sync_end(const wire::FullSyncEndMsg& msg, double now) {
   State::Worker* w = s_->find_worker(msg.instance_id, msg.worker_id);
-  if (!w || !w->sync || w->sync->sync_id != msg.sync_id ||
-      w->sync->state != SyncState::kSyncing)
+  if (!w || !w->sync || w->sync->sync_id != msg.sync_id || w->sync->state != SyncState::kSyncing)
     return;
   State::SyncInfo& s = *w->sync;
   s.last_activity = now;
@@ -258,7 +257,8 @@ wire::FullSyncStatusRetMsg Registry::sync_status(const wire::FullSyncStatusMsg& 
   const State::Worker* w = s_->find_worker(msg.instance_id, msg.worker_id);
   if (w && w->sync && w->sync->sync_id == msg.sync_id) {
     ret.is_complete = w->sync->state == SyncState::kCompleted;
-    if (w->sync->state == SyncState::kSyncing) ret.missing_batches = State::missing_batches(*w->sync);
+    if (w->sync->state == SyncState::kSyncing)
+      ret.missing_batches = State::missing_batches(*w->sync);
   }
   return ret;
 }
@@ -340,9 +340,9 @@ std::vector<wire::WorkerInfo> Registry::worker_infos(
            std::find(worker_ids.begin(), worker_ids.end(), id) != worker_ids.end();
   };
   auto info = [](const State::Worker& w) {
-    return wire::WorkerInfo{w.instance->id, w.worker_id,          w.ip,
-                            w.port,         w.peer_init_url,      w.registration_time,
-                            w.last_heartbeat_time};
+    return wire::WorkerInfo{
+        w.instance->id,      w.worker_id,          w.ip, w.port, w.peer_init_url,
+        w.registration_time, w.last_heartbeat_time};
   };
   if (instance_id == "all") {
     for (const auto& inst : s_->instances)

@@ -76,7 +76,7 @@ struct Registry::State {
 
   RegistryOptions options;
   KvIndex index;
-  std::vector<std::unique_ptr<Instance>> instances;  // registration order
+  std::vector<std::unique_ptr<Instance>> instances;                // registration order
   std::unordered_map<std::string_view, Instance*> instance_by_id;  // keys view Instance::id
   std::vector<HolderRef> holders;
   std::uint64_t next_order = 1;
@@ -140,8 +140,7 @@ struct Registry::State {
   }
 
   static WorkerEndpoint endpoint_of(const Worker& w) {
-    return WorkerEndpoint{w.instance->id, w.worker_id, w.ip, w.port, w.peer_init_url,
-                          w.generation};
+    return WorkerEndpoint{w.instance->id, w.worker_id, w.ip, w.port, w.peer_init_url, w.generation};
   }
 
   template <class M>

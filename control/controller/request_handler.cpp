@@ -1,16 +1,18 @@
 #include "request_handler.hpp"
 
+#include <spdlog/spdlog.h>
+
 #include <chrono>
 #include <type_traits>
-
-#include <spdlog/spdlog.h>
 
 #include "kvnode/wire/codec.hpp"
 
 namespace kvnode::controller {
 namespace {
 
-bool wildcard(std::string_view host) { return host.empty() || host == "0.0.0.0" || host == "*"; }
+bool wildcard(std::string_view host) {
+  return host.empty() || host == "0.0.0.0" || host == "*";
+}
 
 std::string error_reply(std::string text) {
   return wire::encode(wire::Msg{wire::ErrorMsg{std::move(text)}});
@@ -57,15 +59,16 @@ void RequestHandler::warn_limited(std::string_view text) {
     return;
   }
   spdlog::warn("{}{}", text,
-               suppressed_warnings_ ? fmt::format(" ({} more since the last warning)",
-                                                  suppressed_warnings_)
-                                    : std::string());
+               suppressed_warnings_
+                   ? fmt::format(" ({} more since the last warning)", suppressed_warnings_)
+                   : std::string());
   last_warning_ = now;
   suppressed_warnings_ = 0;
 }
 
 std::string RequestHandler::on_router(std::string_view payload, RouterKind kind) {
-  auto& bad = kind == RouterKind::kReply ? metrics_.reply_bad_frames : metrics_.heartbeat_bad_frames;
+  auto& bad =
+      kind == RouterKind::kReply ? metrics_.reply_bad_frames : metrics_.heartbeat_bad_frames;
   const char* name = kind == RouterKind::kReply ? "reply" : "heartbeat";
   Result<wire::Msg> decoded = wire::decode(payload);
   if (!decoded) {
@@ -76,8 +79,7 @@ std::string RequestHandler::on_router(std::string_view payload, RouterKind kind)
   wire::Msg& msg = *decoded;
   if (kind == RouterKind::kHeartbeat && !std::holds_alternative<wire::HeartbeatMsg>(msg)) {
     ++bad;
-    return error_reply("Expected HeartbeatMsg, got " +
-                       wire::python_class_text(wire::tag_of(msg)));
+    return error_reply("Expected HeartbeatMsg, got " + wire::python_class_text(wire::tag_of(msg)));
   }
   const double now = clock_();
   reply_buf_.clear();
@@ -163,7 +165,8 @@ void RequestHandler::apply_in_slices(const wire::BatchedKVOperationMsg& m, Count
     slice.gap_counted = total.discontinuity;
     slice.first += r.ops;
   } while (slice.first < m.operations.size());
-  const std::size_t discarded = total.outcome == ApplyOutcome::kEmpty ? 0 : m.operations.size() - total.ops;
+  const std::size_t discarded =
+      total.outcome == ApplyOutcome::kEmpty ? 0 : m.operations.size() - total.ops;
   count(total, discarded, m);
 }
 
@@ -191,7 +194,8 @@ void RequestHandler::on_pull_msg(wire::Msg msg) {
             count_apply(r, r.outcome == ApplyOutcome::kApplied ? 0 : 1, m);
           }
         } else if constexpr (std::is_same_v<M, wire::DeRegisterMsg>) {
-          auto gone = registry_.write([&](Registry& r) { return r.deregister(m.instance_id, m.worker_id); });
+          auto gone = registry_.write(
+              [&](Registry& r) { return r.deregister(m.instance_id, m.worker_id); });
           if (gone) {
             fanout_.forget(gone->key());
             spdlog::info("deregistered worker {}/{}", m.instance_id, m.worker_id);

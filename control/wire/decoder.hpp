@@ -323,8 +323,12 @@ bool decode_tuple_body(DecodeContext& ctx, std::uint32_t count, S& out, const Pa
 // the general decoder then reads it, with its error texts.
 inline bool read_kv_op_fast(MsgpackReader& r, KVOpEvent& out) {
   const std::size_t start = r.offset();
-  constexpr std::string_view kAdmit = "\x83\xa7op_type\xa5" "admit\xa3key";
-  constexpr std::string_view kEvict = "\x83\xa7op_type\xa5" "evict\xa3key";
+  constexpr std::string_view kAdmit =
+      "\x83\xa7op_type\xa5"
+      "admit\xa3key";
+  constexpr std::string_view kEvict =
+      "\x83\xa7op_type\xa5"
+      "evict\xa3key";
   static_assert(kAdmit.size() == 19 && kEvict.size() == 19);
   if (r.skip_literal(kAdmit))
     out.op_type = OpType::kAdmit;

@@ -92,7 +92,8 @@ class MsgpackReader {
   // mismatch sets no error, so the caller can seek back and decode the general way.
   // Consumes `bytes` if the input goes on with exactly them.
   bool skip_literal(std::string_view bytes) {
-    if (remaining() < bytes.size() || std::memcmp(p_, bytes.data(), bytes.size()) != 0) return false;
+    if (remaining() < bytes.size() || std::memcmp(p_, bytes.data(), bytes.size()) != 0)
+      return false;
     p_ += bytes.size();
     return true;
   }
@@ -141,10 +142,14 @@ class MsgpackReader {
   // One load per width instead of a byte loop: chunk hashes are 8-byte ints, a thousand a message.
   static std::uint64_t read_big_endian(const std::uint8_t* p, unsigned width_log2) {
     switch (width_log2) {
-      case 0: return p[0];
-      case 1: return load_be<std::uint16_t>(p);
-      case 2: return load_be<std::uint32_t>(p);
-      default: return load_be<std::uint64_t>(p);
+      case 0:
+        return p[0];
+      case 1:
+        return load_be<std::uint16_t>(p);
+      case 2:
+        return load_be<std::uint32_t>(p);
+      default:
+        return load_be<std::uint64_t>(p);
     }
   }
   template <class U>

@@ -15,8 +15,8 @@ Result<ChunkPool> ChunkPool::create(const PoolOptions& options) {
   if (options.page_bytes == 0) return make_error("chunk pool: page_bytes must be > 0");
   if (options.pages == 0) return make_error("chunk pool: pages must be > 0");
   if (options.pages > std::numeric_limits<PageId>::max())
-    return make_error("chunk pool: at most " +
-                      std::to_string(std::numeric_limits<PageId>::max()) + " pages");
+    return make_error("chunk pool: at most " + std::to_string(std::numeric_limits<PageId>::max()) +
+                      " pages");
   if (options.page_bytes > std::numeric_limits<std::size_t>::max() / options.pages)
     return make_error("chunk pool: page_bytes x pages overflows");
   Result<MemoryRegion> region =
@@ -33,7 +33,8 @@ ChunkPool::ChunkPool(MemoryRegion region, std::size_t page_bytes, std::size_t pa
   // are adjacent whenever the pool has such room, and the transfer plane then sends them as one
   // run instead of one per chunk (a LIFO list handed them out in reverse after every eviction).
   free_.reserve(pages);
-  for (std::size_t i = 0; i < pages; ++i) free_.push_back(static_cast<PageId>(i));  // sorted: a heap
+  for (std::size_t i = 0; i < pages; ++i)
+    free_.push_back(static_cast<PageId>(i));  // sorted: a heap
 }
 
 PageId ChunkPool::pop_lowest() {

@@ -89,7 +89,9 @@ class CudaCopyEngine final : public CopyEngine {
 
 }  // namespace
 
-std::unique_ptr<CopyEngine> make_host_copy_engine() { return std::make_unique<HostCopyEngine>(); }
+std::unique_ptr<CopyEngine> make_host_copy_engine() {
+  return std::make_unique<HostCopyEngine>();
+}
 
 Result<std::unique_ptr<CopyEngine>> make_cuda_copy_engine([[maybe_unused]] int device) {
 #if KVNODE_HAVE_CUDA

@@ -50,17 +50,18 @@ void cuda_device_free(void* p, int device) {
 }
 
 Result<int> cuda_dmabuf_fd(void* p, std::size_t bytes) {
-  using GetHandle = CUresult (*)(void*, CUdeviceptr, std::size_t, CUmemRangeHandleType,
-                                 unsigned long long);
+  using GetHandle =
+      CUresult (*)(void*, CUdeviceptr, std::size_t, CUmemRangeHandleType, unsigned long long);
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult found{};
-  if (const cudaError_t err = cudaGetDriverEntryPointByVersion(
-          "cuMemGetHandleForAddressRange", &fn, 12000, cudaEnableDefault, &found);
+  if (const cudaError_t err = cudaGetDriverEntryPointByVersion("cuMemGetHandleForAddressRange", &fn,
+                                                               12000, cudaEnableDefault, &found);
       err != cudaSuccess)
     return cuda_error("cudaGetDriverEntryPointByVersion(cuMemGetHandleForAddressRange)", err);
   if (found != cudaDriverEntryPointSuccess || fn == nullptr)
-    return make_error("the CUDA driver has no cuMemGetHandleForAddressRange (dma-buf needs driver "
-                      ">= 515 and a kernel with dma-buf support)");
+    return make_error(
+        "the CUDA driver has no cuMemGetHandleForAddressRange (dma-buf needs driver "
+        ">= 515 and a kernel with dma-buf support)");
   int fd = -1;
   const CUresult r = reinterpret_cast<GetHandle>(fn)(&fd, reinterpret_cast<CUdeviceptr>(p), bytes,
                                                      CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);

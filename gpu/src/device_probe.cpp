@@ -26,8 +26,7 @@ CudaDeviceInfo device_info(int index) {
     info.total_memory = prop.totalGlobalMem;
   }
   std::array<char, 32> bus_id{};
-  if (cudaDeviceGetPCIBusId(bus_id.data(), static_cast<int>(bus_id.size()), index) ==
-      cudaSuccess) {
+  if (cudaDeviceGetPCIBusId(bus_id.data(), static_cast<int>(bus_id.size()), index) == cudaSuccess) {
     info.pci_bus_id = bus_id.data();
   }
   return info;
@@ -63,7 +62,8 @@ CudaProbe probe_cuda() {
 
 CudaProbe probe_cuda() {
   CudaProbe probe;
-  probe.note = "built without CUDA (configure with the CUDA Toolkit present and KVNODE_CUDA=AUTO|ON)";
+  probe.note =
+      "built without CUDA (configure with the CUDA Toolkit present and KVNODE_CUDA=AUTO|ON)";
   return probe;
 }
 

@@ -31,16 +31,15 @@ struct Deregister {
 GpuDirectCheck check_gpudirect(const MemoryRegion& region, const std::string& nic) {
   GpuDirectCheck out;
   if (region.kind() != MemoryKind::kDevice) {
-    out.detail = std::string(to_string(region.kind())) +
-                 " memory: NICs reach it without GPUDirect";
+    out.detail = std::string(to_string(region.kind())) + " memory: NICs reach it without GPUDirect";
     return out;
   }
   int count = 0;
   errno = 0;
   std::unique_ptr<ibv_device*, FreeList> list(ibv_get_device_list(&count));
   if (!list || count == 0) {
-    out.detail = std::string("no RDMA devices (") +
-                 (list ? "none listed" : std::strerror(errno)) + "): tcp or shared memory only";
+    out.detail = std::string("no RDMA devices (") + (list ? "none listed" : std::strerror(errno)) +
+                 "): tcp or shared memory only";
     return out;
   }
   ibv_device* device = nullptr;

@@ -16,13 +16,20 @@ struct DtypeName {
 
 // First entry per dtype is its canonical name.
 constexpr std::array<DtypeName, 14> kNames{{
-    {"float32", KvDtype::kFloat32},        {"float", KvDtype::kFloat32},
-    {"fp32", KvDtype::kFloat32},           {"float16", KvDtype::kFloat16},
-    {"half", KvDtype::kFloat16},           {"fp16", KvDtype::kFloat16},
-    {"bfloat16", KvDtype::kBFloat16},      {"bf16", KvDtype::kBFloat16},
-    {"float8_e4m3fn", KvDtype::kFloat8E4M3}, {"fp8", KvDtype::kFloat8E4M3},
-    {"fp8_e4m3", KvDtype::kFloat8E4M3},    {"float8_e5m2", KvDtype::kFloat8E5M2},
-    {"fp8_e5m2", KvDtype::kFloat8E5M2},    {"uint8", KvDtype::kUInt8},
+    {"float32", KvDtype::kFloat32},
+    {"float", KvDtype::kFloat32},
+    {"fp32", KvDtype::kFloat32},
+    {"float16", KvDtype::kFloat16},
+    {"half", KvDtype::kFloat16},
+    {"fp16", KvDtype::kFloat16},
+    {"bfloat16", KvDtype::kBFloat16},
+    {"bf16", KvDtype::kBFloat16},
+    {"float8_e4m3fn", KvDtype::kFloat8E4M3},
+    {"fp8", KvDtype::kFloat8E4M3},
+    {"fp8_e4m3", KvDtype::kFloat8E4M3},
+    {"float8_e5m2", KvDtype::kFloat8E5M2},
+    {"fp8_e5m2", KvDtype::kFloat8E5M2},
+    {"uint8", KvDtype::kUInt8},
 }};
 
 }  // namespace

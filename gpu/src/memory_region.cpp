@@ -68,8 +68,8 @@ Result<MemoryRegion> MemoryRegion::allocate(std::size_t bytes, const RegionOptio
                           ? detail::cuda_host_alloc(bytes)
                           : detail::cuda_device_alloc(bytes, options.device);
     if (!p) return std::move(p).error();
-    return MemoryRegion(std::unique_ptr<void, Release>(*p, Release{options.kind, 0, options.device, {}}),
-                        bytes);
+    return MemoryRegion(
+        std::unique_ptr<void, Release>(*p, Release{options.kind, 0, options.device, {}}), bytes);
   }
   // Host: a private anonymous mapping, rounded to whole huge pages when asking for them so the
   // kernel can back all of it with them.
@@ -82,7 +82,8 @@ Result<MemoryRegion> MemoryRegion::allocate(std::size_t bytes, const RegionOptio
     p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   } else {
     const std::string& name = options.shared_name;
-    if (name.size() < 2 || name[0] != '/' || name.find('/', 1) != std::string::npos || name.size() > 250)
+    if (name.size() < 2 || name[0] != '/' || name.find('/', 1) != std::string::npos ||
+        name.size() > 250)
       return make_error("shared memory name '" + name + "' must be '/' and a file name");
     // A previous owner that died left its object behind; this process owns the name now.
     shm_unlink(name.c_str());
@@ -101,9 +102,11 @@ Result<MemoryRegion> MemoryRegion::allocate(std::size_t bytes, const RegionOptio
     }
   }
   if (p == MAP_FAILED)
-    return make_error("mmap of " + std::to_string(mapped) + " bytes failed: " + std::strerror(errno));
+    return make_error("mmap of " + std::to_string(mapped) +
+                      " bytes failed: " + std::strerror(errno));
   MemoryRegion region(
-      std::unique_ptr<void, Release>(p, Release{MemoryKind::kHost, mapped, 0, options.shared_name}), bytes);
+      std::unique_ptr<void, Release>(p, Release{MemoryKind::kHost, mapped, 0, options.shared_name}),
+      bytes);
   if (huge) region.huge_pages_ = madvise(p, mapped, MADV_HUGEPAGE) == 0;
   // mlock faults every page in now (no page faults mid-transfer) and keeps them resident; it
   // fails under a small RLIMIT_MEMLOCK, which locked() reports.

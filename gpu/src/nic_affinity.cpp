@@ -25,21 +25,20 @@ std::vector<std::string_view> components(std::string_view path) {
 int pci_distance_score(std::string_view a_path, std::string_view b_path) {
   const auto a = components(a_path), b = components(b_path);
   int shared = 0;
-  while (static_cast<std::size_t>(shared) < a.size() && static_cast<std::size_t>(shared) < b.size() &&
-         a[shared] == b[shared])
+  while (static_cast<std::size_t>(shared) < a.size() &&
+         static_cast<std::size_t>(shared) < b.size() && a[shared] == b[shared])
     ++shared;
   return shared;
 }
 
-std::optional<RdmaDevice> nearest_nic(const std::vector<RdmaDevice>& nics, std::string_view pci_path,
-                                      int numa_node) {
+std::optional<RdmaDevice> nearest_nic(const std::vector<RdmaDevice>& nics,
+                                      std::string_view pci_path, int numa_node) {
   const RdmaDevice* best = nullptr;
   int best_score = -1;
   bool best_numa = false;
   for (const RdmaDevice& nic : nics) {
-    const int score = pci_path.empty() || nic.pci_path.empty()
-                          ? 0
-                          : pci_distance_score(pci_path, nic.pci_path);
+    const int score =
+        pci_path.empty() || nic.pci_path.empty() ? 0 : pci_distance_score(pci_path, nic.pci_path);
     const bool numa = numa_node >= 0 && nic.numa_node == numa_node;
     if (score > best_score || (score == best_score && numa && !best_numa)) {
       best = &nic;

@@ -36,17 +36,20 @@ Result<gpu::PageId> ChunkStore::take_page(std::uint64_t evict_up_to) {
     emit(StoreEvent::Kind::kEvict, victim);
     return page;  // reused directly: it never goes back through the pool
   }
-  return make_error(ErrorCode::kNoRoom, "location " + location_ + " is full: all " + std::to_string(pool_.page_count()) +
-                    " pages are pinned, being read or being written" +
-                    (evict_up_to == kAnyAge ? "" : ", or hold this writer's own chunks"));
+  return make_error(ErrorCode::kNoRoom,
+                    "location " + location_ + " is full: all " +
+                        std::to_string(pool_.page_count()) +
+                        " pages are pinned, being read or being written" +
+                        (evict_up_to == kAnyAge ? "" : ", or hold this writer's own chunks"));
 }
 
 Result<gpu::PageId> ChunkStore::reserve(ChunkHash hash, std::uint64_t evict_up_to) {
   std::lock_guard lock(mutex_);
   if (frozen_) return make_error(ErrorCode::kFrozen, kFrozenText);
   if (const auto it = entries_.find(hash); it != entries_.end())
-    return make_error(ErrorCode::kRefused, it->second.state == State::kWriting ? "chunk is already being written"
-                                                                                : "chunk is already present");
+    return make_error(ErrorCode::kRefused, it->second.state == State::kWriting
+                                               ? "chunk is already being written"
+                                               : "chunk is already present");
   Result<gpu::PageId> page = take_page(evict_up_to);
   if (!page) return page.error();
   Entry e;
@@ -191,7 +194,8 @@ void ChunkStore::drop(ChunkHash hash, Entry& e) {
 bool ChunkStore::remove(ChunkHash hash) {
   std::lock_guard lock(mutex_);
   const auto it = entries_.find(hash);
-  if (frozen_ || it == entries_.end() || it->second.state != State::kReadable || it->second.pins) return false;
+  if (frozen_ || it == entries_.end() || it->second.state != State::kReadable || it->second.pins)
+    return false;
   drop(hash, it->second);
   return true;
 }
@@ -199,7 +203,8 @@ bool ChunkStore::remove(ChunkHash hash) {
 ChunkStore::Removal ChunkStore::remove_or_defer(ChunkHash hash) {
   std::lock_guard lock(mutex_);
   const auto it = entries_.find(hash);
-  if (it == entries_.end() || it->second.state != State::kReadable || it->second.pins) return Removal::kRefused;
+  if (it == entries_.end() || it->second.state != State::kReadable || it->second.pins)
+    return Removal::kRefused;
   if (frozen_) {
     remove_when_thawed_.push_back(hash);
     return Removal::kWhenThawed;
@@ -225,7 +230,8 @@ void ChunkStore::freeze(bool on) {
   // Whatever was deferred is still readable (nothing leaves a frozen store) unless pinned since.
   for (ChunkHash h : remove_when_thawed_) {
     const auto it = entries_.find(h);
-    if (it != entries_.end() && it->second.state == State::kReadable && !it->second.pins) drop(h, it->second);
+    if (it != entries_.end() && it->second.state == State::kReadable && !it->second.pins)
+      drop(h, it->second);
   }
   remove_when_thawed_.clear();
 }

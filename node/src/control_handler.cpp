@@ -5,7 +5,9 @@
 namespace kvnode::node {
 namespace {
 
-wire::ErrorMsg refuse(const std::string& what) { return wire::ErrorMsg{"kvnode: " + what}; }
+wire::ErrorMsg refuse(const std::string& what) {
+  return wire::ErrorMsg{"kvnode: " + what};
+}
 
 }  // namespace
 

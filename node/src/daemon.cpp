@@ -47,19 +47,23 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const NodeConfig& c) {
   // Host memory is faulted in (mlock or populate) before the node serves: seconds per GB.
   const double gb = static_cast<double>(po.pages * po.page_bytes) / 1e9;
   if (*kind != gpu::MemoryKind::kDevice)
-    spdlog::info("kvnode: faulting in {:.2f} GB of {} memory for {} chunks...", gb, c.memory, po.pages);
+    spdlog::info("kvnode: faulting in {:.2f} GB of {} memory for {} chunks...", gb, c.memory,
+                 po.pages);
   const auto pool_start = std::chrono::steady_clock::now();
   Result<gpu::ChunkPool> pool = gpu::ChunkPool::create(po);
   if (!pool) return make_error("chunk memory: " + pool.error().message);
   p->pool.emplace(std::move(pool).value());
-  spdlog::info("kvnode: {} chunks of {} bytes in {} memory, ready in {:.1f} s", po.pages, po.page_bytes,
-               c.memory, std::chrono::duration<double>(std::chrono::steady_clock::now() - pool_start).count());
+  spdlog::info(
+      "kvnode: {} chunks of {} bytes in {} memory, ready in {:.1f} s", po.pages, po.page_bytes,
+      c.memory,
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - pool_start).count());
 
   Parts* raw = p.get();
   const std::string location = "LocalCPUBackend";
   p->store.emplace(*p->pool, location, [raw, location](const StoreEvent& e) {
     if (auto* a = raw->agent_ptr.load())
-      a->report(location, e.kind == StoreEvent::Kind::kAdmit ? wire::OpType::kAdmit : wire::OpType::kEvict,
+      a->report(location,
+                e.kind == StoreEvent::Kind::kAdmit ? wire::OpType::kAdmit : wire::OpType::kEvict,
                 e.hash);
   });
   EngineOptions eo;
@@ -92,8 +96,10 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const NodeConfig& c) {
   ao.ip = c.advertise_ip;
   ao.worker_port = port_for(c.lmcache_worker_ports, c.worker_id);
   ao.peer_init_url = p->plane->url();
-  ao.heartbeat_period = std::chrono::milliseconds(static_cast<long>(c.lmcache_worker_heartbeat_time * 1000));
-  ao.full_sync_startup_delay = std::chrono::milliseconds(static_cast<long>(c.full_sync_startup_delay * 1000));
+  ao.heartbeat_period =
+      std::chrono::milliseconds(static_cast<long>(c.lmcache_worker_heartbeat_time * 1000));
+  ao.full_sync_startup_delay =
+      std::chrono::milliseconds(static_cast<long>(c.full_sync_startup_delay * 1000));
   agent::AgentHandlers h;
   h.control = [control = &*p->control](const wire::Msg& m) { return (*control)(m); };
   h.snapshot = [raw] { return raw->engine->snapshot(); };
@@ -110,18 +116,21 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const NodeConfig& c) {
     lo.worker_id = c.worker_id;
     if (*kind != gpu::MemoryKind::kDevice && c.local_staging_mb > 0) {
       lo.staging_slots = std::max<std::size_t>(1, (c.local_staging_mb << 20) / po.page_bytes);
-      lo.staging_name = "/kvnode" + socket_path;  // one name per socket: a restarted node reclaims it
+      lo.staging_name =
+          "/kvnode" + socket_path;  // one name per socket: a restarted node reclaims it
       for (std::size_t i = 1; i < lo.staging_name.size(); ++i)
         if (lo.staging_name[i] == '/') lo.staging_name[i] = '_';
     }
     Locate locate = locate_through([raw](const wire::Msg& m) { return raw->agent->call(m); },
                                    c.lmcache_instance_id, c.worker_id);
-    Result<std::unique_ptr<LocalService>> local = LocalService::start(lo, *p->engine, &*p->moves, locate);
+    Result<std::unique_ptr<LocalService>> local =
+        LocalService::start(lo, *p->engine, &*p->moves, locate);
     if (!local) return local.error();
     p->local = std::move(local).value();
     spdlog::info("kvnode: local clients at {}{}", socket_path,
                  lo.staging_slots == 0 ? " (bytes inline)"
-                                       : ", staging " + std::to_string(lo.staging_slots) + " chunks in " + lo.staging_name);
+                                       : ", staging " + std::to_string(lo.staging_slots) +
+                                             " chunks in " + lo.staging_name);
   }
 
   if (c.http_port >= 0) {
@@ -153,13 +162,20 @@ Daemon::~Daemon() = default;
 
 DaemonPorts Daemon::ports() const {
   const std::string url = parts_->plane->url();
-  return DaemonPorts{parts_->agent->port(), std::stoi(url.substr(url.rfind(':') + 1)), parts_->http_port};
+  return DaemonPorts{parts_->agent->port(), std::stoi(url.substr(url.rfind(':') + 1)),
+                     parts_->http_port};
 }
 
-std::string Daemon::peer_init_url() const { return parts_->plane->url(); }
+std::string Daemon::peer_init_url() const {
+  return parts_->plane->url();
+}
 
-std::string Daemon::local_socket() const { return parts_->local ? parts_->local->path() : ""; }
+std::string Daemon::local_socket() const {
+  return parts_->local ? parts_->local->path() : "";
+}
 
-std::string Daemon::metrics() const { return metrics_text(*parts_); }
+std::string Daemon::metrics() const {
+  return metrics_text(*parts_);
+}
 
 }  // namespace kvnode::node

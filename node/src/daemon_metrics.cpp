@@ -1,6 +1,5 @@
 // The daemon's /metrics and /health text, from its parts' counters.
 #include <nlohmann/json.hpp>
-
 #include <sstream>
 #include <string>
 
@@ -20,49 +19,71 @@ std::string metrics_text(const Daemon::Parts& p) {
   const StoreCounters s = p.store->counters();
   const std::string loc = "{location=\"" + p.store->location() + "\"}";
   metric("kvnode_chunks", "gauge", "Readable chunks.", loc, static_cast<std::uint64_t>(s.chunks));
-  metric("kvnode_chunks_capacity", "gauge", "Pages in the chunk pool.", loc, static_cast<std::uint64_t>(s.capacity));
-  metric("kvnode_chunks_pinned", "gauge", "Readable chunks pinned.", loc, static_cast<std::uint64_t>(s.pinned));
-  metric("kvnode_chunk_bytes", "gauge", "Bytes per chunk.", "", static_cast<std::uint64_t>(p.pool->page_bytes()));
-  metric("kvnode_chunks_admitted_total", "counter", "Chunks that became readable.", loc, static_cast<std::uint64_t>(s.admitted));
-  metric("kvnode_chunks_evicted_total", "counter", "Chunks that stopped being readable.", loc, static_cast<std::uint64_t>(s.evicted));
+  metric("kvnode_chunks_capacity", "gauge", "Pages in the chunk pool.", loc,
+         static_cast<std::uint64_t>(s.capacity));
+  metric("kvnode_chunks_pinned", "gauge", "Readable chunks pinned.", loc,
+         static_cast<std::uint64_t>(s.pinned));
+  metric("kvnode_chunk_bytes", "gauge", "Bytes per chunk.", "",
+         static_cast<std::uint64_t>(p.pool->page_bytes()));
+  metric("kvnode_chunks_admitted_total", "counter", "Chunks that became readable.", loc,
+         static_cast<std::uint64_t>(s.admitted));
+  metric("kvnode_chunks_evicted_total", "counter", "Chunks that stopped being readable.", loc,
+         static_cast<std::uint64_t>(s.evicted));
   metric("kvnode_chunks_evicted_for_space_total", "counter", "LRU evictions under pressure.", loc,
          static_cast<std::uint64_t>(s.evicted_for_space));
   const transfer::PlaneCounters t = p.plane->counters();
   out << "# HELP kvnode_transfers_total Transfers this node started, by result.\n"
          "# TYPE kvnode_transfers_total counter\n";
   for (std::size_t f = 0; f < transfer::kFailureCount; ++f)
-    out << "kvnode_transfers_total{result=\"" << transfer::to_string(static_cast<transfer::Failure>(f))
-        << "\"} " << t.failures[f] << "\n";
+    out << "kvnode_transfers_total{result=\""
+        << transfer::to_string(static_cast<transfer::Failure>(f)) << "\"} " << t.failures[f]
+        << "\n";
   out << "# HELP kvnode_transfer_bytes_total Bytes moved by the transfer plane.\n"
          "# TYPE kvnode_transfer_bytes_total counter\n"
       << "kvnode_transfer_bytes_total{direction=\"pulled\"} " << t.bytes_pulled << "\n"
       << "kvnode_transfer_bytes_total{direction=\"pushed\"} " << t.bytes_pushed << "\n"
       << "kvnode_transfer_bytes_total{direction=\"served\"} " << t.bytes_served << "\n";
-  metric("kvnode_transfer_sessions_opened_total", "counter", "Sessions opened to peers.", "", static_cast<std::uint64_t>(t.sessions_opened));
-  metric("kvnode_transfer_sessions_reset_total", "counter", "Sessions reset (peer lost, deadline, cancel).", "",
+  metric("kvnode_transfer_sessions_opened_total", "counter", "Sessions opened to peers.", "",
+         static_cast<std::uint64_t>(t.sessions_opened));
+  metric("kvnode_transfer_sessions_reset_total", "counter",
+         "Sessions reset (peer lost, deadline, cancel).", "",
          static_cast<std::uint64_t>(t.sessions_reset));
   metric("kvnode_transfer_requests_rejected_total", "counter", "Peer requests refused.", "",
          static_cast<std::uint64_t>(t.requests_rejected));
   const agent::AgentCounters a = p.agent->counters();
-  metric("kvnode_controller_registered", "gauge", "1 once the controller answered registration.", "", a.registered ? 1U : 0U);
+  metric("kvnode_controller_registered", "gauge", "1 once the controller answered registration.",
+         "", a.registered ? 1U : 0U);
   metric("kvnode_controller_registration_failures_total", "counter",
-         "Registration attempts unanswered or refused.", "", static_cast<std::uint64_t>(a.register_failures));
-  metric("kvnode_controller_heartbeats_total", "counter", "Heartbeats answered.", "", static_cast<std::uint64_t>(a.heartbeats));
+         "Registration attempts unanswered or refused.", "",
+         static_cast<std::uint64_t>(a.register_failures));
+  metric("kvnode_controller_heartbeats_total", "counter", "Heartbeats answered.", "",
+         static_cast<std::uint64_t>(a.heartbeats));
   metric("kvnode_controller_heartbeat_failures_total", "counter", "Heartbeats unanswered.", "",
          static_cast<std::uint64_t>(a.heartbeat_failures));
-  metric("kvnode_controller_events_sent_total", "counter", "Admit/evict ops sent.", "", static_cast<std::uint64_t>(a.events_sent));
-  metric("kvnode_controller_events_dropped_total", "counter", "Admit/evict ops that could not be sent.", "",
+  metric("kvnode_controller_events_sent_total", "counter", "Admit/evict ops sent.", "",
+         static_cast<std::uint64_t>(a.events_sent));
+  metric("kvnode_controller_events_dropped_total", "counter",
+         "Admit/evict ops that could not be sent.", "",
          static_cast<std::uint64_t>(a.events_dropped));
-  metric("kvnode_control_requests_total", "counter", "Control requests served.", "", static_cast<std::uint64_t>(a.control_requests));
+  metric("kvnode_control_requests_total", "counter", "Control requests served.", "",
+         static_cast<std::uint64_t>(a.control_requests));
   metric("kvnode_control_errors_total", "counter", "Control requests answered with ErrorMsg.", "",
          static_cast<std::uint64_t>(a.control_errors));
   metric("kvnode_full_syncs_completed_total", "counter", "Full syncs the controller confirmed.", "",
          static_cast<std::uint64_t>(a.full_syncs_completed));
+  metric("kvnode_moves_running", "gauge", "Moves running on the move executor (0 or 1).", "",
+         a.moves_running);
+  metric("kvnode_moves_queued", "gauge", "Moves waiting behind the running one.", "",
+         a.moves_queued);
+  metric("kvnode_moves_refused_total", "counter", "Moves answered busy: the move queue was full.",
+         "", a.moves_refused);
   if (p.local) {
     metric("kvnode_local_requests_total", "counter", "Local client requests served.", "",
            static_cast<std::uint64_t>(p.local->requests()));
-    metric("kvnode_local_errors_total", "counter", "Local client requests answered with an error.", "",
-           static_cast<std::uint64_t>(p.local->errors()));
+    metric("kvnode_local_errors_total", "counter", "Local client requests answered with an error.",
+           "", static_cast<std::uint64_t>(p.local->errors()));
+    metric("kvnode_local_connections", "gauge", "Local client connections open.", "",
+           p.local->connections());
   }
   return out.str();
 }
@@ -72,12 +93,13 @@ std::string metrics_text(const Daemon::Parts& p) {
 std::string health_json(const Daemon::Parts& p, bool readiness) {
   const agent::AgentCounters a = p.agent->counters();
   const char* status = !readiness ? "ok" : a.registered ? "ready" : "not ready";
-  std::string out = std::string("{\"status\":\"") + status + "\",\"registered\":" + (a.registered ? "true" : "false");
+  std::string out = std::string("{\"status\":\"") + status +
+                    "\",\"registered\":" + (a.registered ? "true" : "false");
   if (!a.registered) {
     const std::string why = a.last_register_error.empty()
                                 ? "registering with " + p.config.controller_reply_url
-                                : a.last_register_error + " (" + std::to_string(a.register_failures) +
-                                      " failed attempts)";
+                                : a.last_register_error + " (" +
+                                      std::to_string(a.register_failures) + " failed attempts)";
     out += ",\"detail\":" + nlohmann::json("not registered: " + why).dump();
   }
   return out + ",\"peer_init_url\":" + nlohmann::json(p.plane->url()).dump() + "}";

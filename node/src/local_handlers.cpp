@@ -20,7 +20,9 @@ Reply fail(ErrorCode code, std::string message) {
 
 // A put stores the longest prefix that fits: a chunk that finds no page (the rest of the pool is
 // pinned, read, or this put's own) ends it quietly; a frozen store is an error to wait out.
-bool ends_put_quietly(const Status& s) { return s.error().code != ErrorCode::kFrozen; }
+bool ends_put_quietly(const Status& s) {
+  return s.error().code != ErrorCode::kFrozen;
+}
 
 }  // namespace
 
@@ -34,30 +36,42 @@ LocalHandlers::LocalHandlers(HandlerOptions options, Engine& engine, PeerMoves* 
 
 Reply LocalHandlers::serve(protocol::Request q) {
   switch (q.op) {
-    case LocalOp::kInfo: return info();
+    case LocalOp::kInfo:
+      return info();
     case LocalOp::kLookup:
       if (!q.by_tokens) return fail(ErrorCode::kInvalid, "request.tokens: lookup takes tokens");
       return lookup({std::move(q.tokens)});
-    case LocalOp::kCommit: return commit({q.hold});
-    case LocalOp::kAbort: return abort({q.hold});
-    case LocalOp::kRelease: return release({q.hold});
+    case LocalOp::kCommit:
+      return commit({q.hold});
+    case LocalOp::kAbort:
+      return abort({q.hold});
+    case LocalOp::kRelease:
+      return release({q.hold});
     case LocalOp::kRetrieve: {
       Result<Chunks> chunks = retrieve_request(q);
       return chunks ? retrieve(*chunks) : protocol::failure(chunks.error());
     }
-    default: break;
+    default:
+      break;
   }
   const bool bounded = q.op != LocalOp::kHashes && q.op != LocalOp::kContains;
   Result<Chunks> chunks = chunks_of(q, bounded);
   if (!chunks) return protocol::failure(chunks.error());
   switch (q.op) {
-    case LocalOp::kHashes: return hashes(*chunks);
-    case LocalOp::kContains: return contains(*chunks);
-    case LocalOp::kPut: return put({std::move(chunks).value(), std::move(q.data), q.since});
-    case LocalOp::kGet: return get(*chunks);
-    case LocalOp::kReserve: return reserve({std::move(chunks).value(), q.since});
-    case LocalOp::kLease: return lease(*chunks);
-    default: break;
+    case LocalOp::kHashes:
+      return hashes(*chunks);
+    case LocalOp::kContains:
+      return contains(*chunks);
+    case LocalOp::kPut:
+      return put({std::move(chunks).value(), std::move(q.data), q.since});
+    case LocalOp::kGet:
+      return get(*chunks);
+    case LocalOp::kReserve:
+      return reserve({std::move(chunks).value(), q.since});
+    case LocalOp::kLease:
+      return lease(*chunks);
+    default:
+      break;
   }
   return fail(ErrorCode::kInternal,
               std::string("request.op: '") + protocol::to_string(q.op) + "' has no handler");
@@ -157,9 +171,9 @@ Reply LocalHandlers::put(const PutRequest& request) {
 Reply LocalHandlers::get(const Chunks& chunks) {
   gpu::ChunkPool& pool = engine_.pool();
   if (chunks.hashes.size() * pool.page_bytes() > protocol::kMaxInlineBytes)
-    return fail(ErrorCode::kInvalid,
-                "request: more than " + std::to_string(protocol::kMaxInlineBytes >> 20) +
-                    " MiB inline; use the shared-memory path (lease)");
+    return fail(ErrorCode::kInvalid, "request: more than " +
+                                         std::to_string(protocol::kMaxInlineBytes >> 20) +
+                                         " MiB inline; use the shared-memory path (lease)");
   const std::vector<Lease> leases = engine_.lease_leading(chunks.hashes);
   Reply r;
   r.count = leases.size();

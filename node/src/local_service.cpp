@@ -63,8 +63,8 @@ struct LocalService::Impl {
 };
 
 Result<std::unique_ptr<LocalService>> LocalService::start(const LocalServiceOptions& options,
-                                                           Engine& engine, PeerMoves* moves,
-                                                           Locate locate) {
+                                                          Engine& engine, PeerMoves* moves,
+                                                          Locate locate) {
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   std::unique_ptr<local::Staging> staging;
@@ -104,9 +104,17 @@ Result<std::unique_ptr<LocalService>> LocalService::start(const LocalServiceOpti
 
 LocalService::LocalService(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 LocalService::~LocalService() = default;
-const std::string& LocalService::path() const { return impl_->options.path; }
-std::uint64_t LocalService::requests() const { return impl_->requests; }
-std::uint64_t LocalService::errors() const { return impl_->errors; }
-std::uint64_t LocalService::connections() const { return impl_->server->counters().open; }
+const std::string& LocalService::path() const {
+  return impl_->options.path;
+}
+std::uint64_t LocalService::requests() const {
+  return impl_->requests;
+}
+std::uint64_t LocalService::errors() const {
+  return impl_->errors;
+}
+std::uint64_t LocalService::connections() const {
+  return impl_->server->counters().open;
+}
 
 }  // namespace kvnode::node

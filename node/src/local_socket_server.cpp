@@ -37,11 +37,11 @@ struct Connection {
   FrameReader reader{};
   std::array<std::byte, client::protocol::kFrameHeaderBytes> header{};
   std::vector<std::byte> reply{};
-  std::size_t sent = 0;       // of header and reply
-  bool writing = false;       // a reply is being written
-  bool waiting = false;       // the service holds its request (a deferred reply)
-  std::uint32_t events = 0;   // registered with epoll now
-  Clock::time_point progress; // the last byte in or out
+  std::size_t sent = 0;        // of header and reply
+  bool writing = false;        // a reply is being written
+  bool waiting = false;        // the service holds its request (a deferred reply)
+  std::uint32_t events = 0;    // registered with epoll now
+  Clock::time_point progress;  // the last byte in or out
 };
 
 Error os_error(ErrorCode code, const std::string& what) {
@@ -141,7 +141,8 @@ struct LocalSocketServer::Impl {
       Connection& c = it->second;
       if ((c.reader.mid_frame() || c.writing) && now - c.progress > options.stall_timeout) {
         spdlog::warn("local socket: a client stalled {} for over {} ms; cut",
-                     c.writing ? "reading its reply" : "mid-request", options.stall_timeout.count());
+                     c.writing ? "reading its reply" : "mid-request",
+                     options.stall_timeout.count());
         ++cut;
         --open;
         it = connections.erase(it);
@@ -219,13 +220,15 @@ struct LocalSocketServer::Impl {
       }
       c.progress = Clock::now();
       switch (c.reader.advance(static_cast<std::size_t>(n))) {
-        case FrameReader::Progress::kMore: continue;
+        case FrameReader::Progress::kMore:
+          continue;
         case FrameReader::Progress::kTooLarge:
           spdlog::warn("local socket: a client declared a {} byte message (limit {}); cut",
                        c.reader.declared(), client::protocol::kMaxMessageBytes);
           ++cut;
           return close(id);
-        case FrameReader::Progress::kFrame: return handle(id, c, c.reader.take());
+        case FrameReader::Progress::kFrame:
+          return handle(id, c, c.reader.take());
       }
     }
   }
@@ -305,13 +308,13 @@ Result<std::unique_ptr<LocalSocketServer>> LocalSocketServer::listen(
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (options.path.empty() || options.path.size() >= sizeof(addr.sun_path))
-    return make_error(ErrorCode::kInvalid, "local socket path '" + options.path +
-                                               "': empty or over " +
-                                               std::to_string(sizeof(addr.sun_path) - 1) + " bytes");
+    return make_error(ErrorCode::kInvalid,
+                      "local socket path '" + options.path + "': empty or over " +
+                          std::to_string(sizeof(addr.sun_path) - 1) + " bytes");
   std::memcpy(addr.sun_path, options.path.c_str(), options.path.size() + 1);
   // A socket file left by a node that died is replaced (the instance lock keeps a live node from
   // being here); any other file at the path is someone's data: refuse.
-  if (struct stat st {}; ::lstat(options.path.c_str(), &st) == 0) {
+  if (struct stat st{}; ::lstat(options.path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode))
       return make_error(ErrorCode::kInvalid,
                         "local socket " + options.path + ": the path exists and is not a socket");

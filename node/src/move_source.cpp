@@ -15,15 +15,24 @@ using peer::ReserveOutcome;
 
 const char* to_string(MoveEvent e) {
   switch (e) {
-    case MoveEvent::kOk: return "ok";
-    case MoveEvent::kRefused: return "refused";
-    case MoveEvent::kEmpty: return "empty";
-    case MoveEvent::kFrozen: return "frozen";
-    case MoveEvent::kPeerLost: return "peer_lost";
-    case MoveEvent::kNothingToPush: return "nothing_to_push";
-    case MoveEvent::kMore: return "more";
-    case MoveEvent::kRunEnds: return "run_ends";
-    case MoveEvent::kKeepSource: return "keep_source";
+    case MoveEvent::kOk:
+      return "ok";
+    case MoveEvent::kRefused:
+      return "refused";
+    case MoveEvent::kEmpty:
+      return "empty";
+    case MoveEvent::kFrozen:
+      return "frozen";
+    case MoveEvent::kPeerLost:
+      return "peer_lost";
+    case MoveEvent::kNothingToPush:
+      return "nothing_to_push";
+    case MoveEvent::kMore:
+      return "more";
+    case MoveEvent::kRunEnds:
+      return "run_ends";
+    case MoveEvent::kKeepSource:
+      return "keep_source";
   }
   return "unknown";
 }
@@ -65,7 +74,8 @@ MoveState next(MoveState s, MoveEvent e) {
       if (e == E::kOk) return S::kDone;
       break;
     case S::kDone:
-    case S::kFailed: return s;
+    case S::kFailed:
+      return s;
   }
   spdlog::error("move: no transition from {} on {} (a bug)", to_string(s), to_string(e));
   return S::kFailed;
@@ -98,16 +108,25 @@ MoveResult MoveSource::run() {
 
 MoveEvent MoveSource::act(MoveState s) {
   switch (s) {
-    case MoveState::kLeaseLocal: return lease_local();
-    case MoveState::kReserve: return reserve();
-    case MoveState::kWaitThaw: return wait_thaw();
-    case MoveState::kPush: return push();
-    case MoveState::kFinish: return finish();
-    case MoveState::kNextBatch: return next_batch();
-    case MoveState::kCheckHolds: return check_holds();
-    case MoveState::kEvictSource: return evict_source();
+    case MoveState::kLeaseLocal:
+      return lease_local();
+    case MoveState::kReserve:
+      return reserve();
+    case MoveState::kWaitThaw:
+      return wait_thaw();
+    case MoveState::kPush:
+      return push();
+    case MoveState::kFinish:
+      return finish();
+    case MoveState::kNextBatch:
+      return next_batch();
+    case MoveState::kCheckHolds:
+      return check_holds();
+    case MoveState::kEvictSource:
+      return evict_source();
     case MoveState::kDone:
-    case MoveState::kFailed: break;
+    case MoveState::kFailed:
+      break;
   }
   return MoveEvent::kOk;
 }
@@ -162,7 +181,9 @@ MoveEvent MoveSource::reserve() {
         fate_[i] = Fate::kPending;
         pushing_.push_back({i, r.page, false});
         break;
-      case ReserveOutcome::kHave: fate_[i] = Fate::kPresent; break;
+      case ReserveOutcome::kHave:
+        fate_[i] = Fate::kPresent;
+        break;
       case ReserveOutcome::kFrozen:
         fate_[i] = Fate::kFrozen;
         ++frozen;
@@ -185,8 +206,8 @@ MoveEvent MoveSource::reserve() {
 
 MoveEvent MoveSource::wait_thaw() {
   const auto left = frozen_until_ - Clock::now();
-  std::this_thread::sleep_for(std::max(Clock::duration::zero(),
-                                       std::min<Clock::duration>(options_.frozen_poll, left)));
+  std::this_thread::sleep_for(
+      std::max(Clock::duration::zero(), std::min<Clock::duration>(options_.frozen_poll, left)));
   return MoveEvent::kOk;
 }
 
@@ -216,13 +237,17 @@ MoveEvent MoveSource::finish() {
       continue;
     }
     switch (a->chunks[k]) {
-      case FinishOutcome::kStored: f = Fate::kSent; break;
+      case FinishOutcome::kStored:
+        f = Fate::kSent;
+        break;
       case FinishOutcome::kFrozen:
         f = Fate::kFrozen;
         ++frozen;
         break;
       case FinishOutcome::kLost:
-      case FinishOutcome::kReleased: f = Fate::kFailed; break;
+      case FinishOutcome::kReleased:
+        f = Fate::kFailed;
+        break;
     }
   }
   pushing_.clear();
@@ -251,8 +276,7 @@ MoveEvent MoveSource::next_batch() {
     gap = gap || !there;
     if (gap) continue;
     confirmed_.push_back({hash_of(i), f == Fate::kSent});
-    out_.tokens_confirmed =
-        keys::chunk_end_token(start_ + i, tokens_.size(), engine_.chunk_size());
+    out_.tokens_confirmed = keys::chunk_end_token(start_ + i, tokens_.size(), engine_.chunk_size());
   }
   start_ += fate_.size();
   // The prefix breaks here: later batches could only scatter chunks no node holds a usable
@@ -271,8 +295,7 @@ MoveEvent MoveSource::check_holds() {
   // The destination may have evicted a confirmed chunk since (its pool full, a later batch's
   // reservations): what it holds now, from the first, is what moved.
   std::size_t held = 0;
-  for (std::size_t start = 0; start < confirmed_.size() && held == start;
-       start += options_.batch) {
+  for (std::size_t start = 0; start < confirmed_.size() && held == start; start += options_.batch) {
     peer::HoldsRequest q;
     for (std::size_t i = start; i < std::min(confirmed_.size(), start + options_.batch); ++i)
       q.hashes.push_back(confirmed_[i].hash);

@@ -13,39 +13,56 @@ namespace kvnode::node {
 
 const char* to_string(MoveState s) {
   switch (s) {
-    case MoveState::kLeaseLocal: return "lease_local";
-    case MoveState::kReserve: return "reserve";
-    case MoveState::kWaitThaw: return "wait_thaw";
-    case MoveState::kPush: return "push";
-    case MoveState::kFinish: return "finish";
-    case MoveState::kNextBatch: return "next_batch";
-    case MoveState::kCheckHolds: return "check_holds";
-    case MoveState::kEvictSource: return "evict_source";
-    case MoveState::kDone: return "done";
-    case MoveState::kFailed: return "failed";
+    case MoveState::kLeaseLocal:
+      return "lease_local";
+    case MoveState::kReserve:
+      return "reserve";
+    case MoveState::kWaitThaw:
+      return "wait_thaw";
+    case MoveState::kPush:
+      return "push";
+    case MoveState::kFinish:
+      return "finish";
+    case MoveState::kNextBatch:
+      return "next_batch";
+    case MoveState::kCheckHolds:
+      return "check_holds";
+    case MoveState::kEvictSource:
+      return "evict_source";
+    case MoveState::kDone:
+      return "done";
+    case MoveState::kFailed:
+      return "failed";
   }
   return "unknown";
 }
 
 const char* to_string(RetrieveState s) {
   switch (s) {
-    case RetrieveState::kLocate: return "locate";
-    case RetrieveState::kLeaseRemote: return "lease_remote";
-    case RetrieveState::kReserveLocal: return "reserve_local";
-    case RetrieveState::kPull: return "pull";
-    case RetrieveState::kCommitLocal: return "commit_local";
-    case RetrieveState::kUnlease: return "unlease";
-    case RetrieveState::kDone: return "done";
-    case RetrieveState::kFailed: return "failed";
+    case RetrieveState::kLocate:
+      return "locate";
+    case RetrieveState::kLeaseRemote:
+      return "lease_remote";
+    case RetrieveState::kReserveLocal:
+      return "reserve_local";
+    case RetrieveState::kPull:
+      return "pull";
+    case RetrieveState::kCommitLocal:
+      return "commit_local";
+    case RetrieveState::kUnlease:
+      return "unlease";
+    case RetrieveState::kDone:
+      return "done";
+    case RetrieveState::kFailed:
+      return "failed";
   }
   return "unknown";
 }
 
-Locate locate_through(std::function<Result<wire::Msg>(const wire::Msg&)> call,
-                      std::string instance, std::int64_t rank) {
-  return [call = std::move(call), instance = std::move(instance),
-          rank](const std::vector<ChunkHash>& hashes)
-             -> Result<std::pair<std::string, std::size_t>> {
+Locate locate_through(std::function<Result<wire::Msg>(const wire::Msg&)> call, std::string instance,
+                      std::int64_t rank) {
+  return [call = std::move(call), instance = std::move(instance), rank](
+             const std::vector<ChunkHash>& hashes) -> Result<std::pair<std::string, std::size_t>> {
     wire::BatchedP2PLookupMsg q{{}, instance, rank};
     for (ChunkHash h : hashes) q.hashes.emplace_back(h);
     Result<wire::Msg> r = call(q);
@@ -59,8 +76,7 @@ Locate locate_through(std::function<Result<wire::Msg>(const wire::Msg&)> call,
   };
 }
 
-PeerMoves::PeerMoves(Engine& engine, transfer::PeerTransport& transport,
-                     PeerMovesOptions options)
+PeerMoves::PeerMoves(Engine& engine, transfer::PeerTransport& transport, PeerMovesOptions options)
     : engine_(engine),
       transport_(transport),
       options_(std::move(options)),
@@ -82,8 +98,7 @@ RetrieveResult PeerMoves::retrieve(const std::vector<std::int64_t>& tokens, cons
   }
   RetrieveResult out = retrieve_chunks(*hashes, locate);
   const std::size_t held = out.chunks_local + out.chunks_pulled;
-  out.tokens =
-      held == 0 ? 0 : keys::chunk_end_token(held - 1, tokens.size(), engine_.chunk_size());
+  out.tokens = held == 0 ? 0 : keys::chunk_end_token(held - 1, tokens.size(), engine_.chunk_size());
   return out;
 }
 
@@ -102,9 +117,9 @@ wire::Msg PeerMoves::on_move(const wire::MoveWorkerMsg& m) {
     spdlog::warn("move {} refused: {}", m.worker_event_id, r.error);
     return wire::ErrorMsg{"kvnode: move refused: " + r.error};
   }
-  spdlog::info("move {} to {}: {} chunks sent, {} already there, {} failed{}{}",
-               m.worker_event_id, m.new_position.target, r.chunks_sent, r.chunks_present,
-               r.chunks_failed, r.error.empty() ? "" : ": ", r.error);
+  spdlog::info("move {} to {}: {} chunks sent, {} already there, {} failed{}{}", m.worker_event_id,
+               m.new_position.target, r.chunks_sent, r.chunks_present, r.chunks_failed,
+               r.error.empty() ? "" : ": ", r.error);
   return wire::MoveWorkerRetMsg{static_cast<std::int64_t>(r.tokens_confirmed)};
 }
 

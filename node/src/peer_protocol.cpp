@@ -54,15 +54,13 @@ Result<Header> header(std::span<const std::byte> b, const char* what) {
   if (b.size() < kHeader)
     return make_error(ErrorCode::kInvalid, std::string(what) + " shorter than its header");
   if (static_cast<std::uint8_t>(b[0]) != static_cast<std::uint8_t>(Version::kV2))
-    return make_error(ErrorCode::kInvalid,
-                      std::string(what) + " of another protocol version (" +
-                          std::to_string(static_cast<unsigned>(b[0])) + ")");
+    return make_error(ErrorCode::kInvalid, std::string(what) + " of another protocol version (" +
+                                               std::to_string(static_cast<unsigned>(b[0])) + ")");
   const auto op = static_cast<std::uint8_t>(b[1]);
   if (op < static_cast<std::uint8_t>(Op::kReserve) || op > static_cast<std::uint8_t>(Op::kHolds))
     return make_error(ErrorCode::kInvalid,
                       std::string(what) + " with an unknown op " + std::to_string(op));
-  const std::size_t count =
-      static_cast<std::size_t>(b[2]) | static_cast<std::size_t>(b[3]) << 8;
+  const std::size_t count = static_cast<std::size_t>(b[2]) | static_cast<std::size_t>(b[3]) << 8;
   if (count > kMaxChunks)
     return make_error(ErrorCode::kInvalid, std::string(what) + " of " + std::to_string(count) +
                                                " chunks, more than " + std::to_string(kMaxChunks));
@@ -95,38 +93,56 @@ std::vector<ChunkHash> read_hashes(Reader& r, std::size_t n) {
 
 const char* to_string(Op op) {
   switch (op) {
-    case Op::kReserve: return "reserve";
-    case Op::kFinish: return "finish";
-    case Op::kLease: return "lease";
-    case Op::kUnlease: return "unlease";
-    case Op::kHolds: return "holds";
+    case Op::kReserve:
+      return "reserve";
+    case Op::kFinish:
+      return "finish";
+    case Op::kLease:
+      return "lease";
+    case Op::kUnlease:
+      return "unlease";
+    case Op::kHolds:
+      return "holds";
   }
   return "unknown";
 }
 
 const char* to_string(ReserveOutcome o) {
   switch (o) {
-    case ReserveOutcome::kPage: return "page";
-    case ReserveOutcome::kHave: return "have";
-    case ReserveOutcome::kNoRoom: return "no_room";
-    case ReserveOutcome::kFrozen: return "frozen";
-    case ReserveOutcome::kBusy: return "busy";
+    case ReserveOutcome::kPage:
+      return "page";
+    case ReserveOutcome::kHave:
+      return "have";
+    case ReserveOutcome::kNoRoom:
+      return "no_room";
+    case ReserveOutcome::kFrozen:
+      return "frozen";
+    case ReserveOutcome::kBusy:
+      return "busy";
   }
   return "unknown";
 }
 
 const char* to_string(FinishOutcome o) {
   switch (o) {
-    case FinishOutcome::kStored: return "stored";
-    case FinishOutcome::kFrozen: return "frozen";
-    case FinishOutcome::kLost: return "lost";
-    case FinishOutcome::kReleased: return "released";
+    case FinishOutcome::kStored:
+      return "stored";
+    case FinishOutcome::kFrozen:
+      return "frozen";
+    case FinishOutcome::kLost:
+      return "lost";
+    case FinishOutcome::kReleased:
+      return "released";
   }
   return "unknown";
 }
 
-Op op_of(const Request& r) { return static_cast<Op>(r.index() + 1); }
-Op op_of(const Answer& a) { return static_cast<Op>(a.index() + 1); }
+Op op_of(const Request& r) {
+  return static_cast<Op>(r.index() + 1);
+}
+Op op_of(const Answer& a) {
+  return static_cast<Op>(a.index() + 1);
+}
 
 std::vector<std::byte> encode(const Request& request) {
   return std::visit(
@@ -203,14 +219,18 @@ Result<Request> decode_request(std::span<const std::byte> b) {
       for (FinishItem& c : f.chunks) {
         c.hash = r.i64();
         const std::uint8_t whole = r.u8();
-        if (whole > 1) return make_error(ErrorCode::kInvalid, "a finish item's whole flag is not 0 or 1");
+        if (whole > 1)
+          return make_error(ErrorCode::kInvalid, "a finish item's whole flag is not 0 or 1");
         c.whole = whole == 1;
       }
       return Request{std::move(f)};
     }
-    case Op::kLease: return Request{LeaseRequest{read_hashes(r, h->count)}};
-    case Op::kUnlease: return Request{UnleaseRequest{read_hashes(r, h->count)}};
-    case Op::kHolds: return Request{HoldsRequest{read_hashes(r, h->count)}};
+    case Op::kLease:
+      return Request{LeaseRequest{read_hashes(r, h->count)}};
+    case Op::kUnlease:
+      return Request{UnleaseRequest{read_hashes(r, h->count)}};
+    case Op::kHolds:
+      return Request{HoldsRequest{read_hashes(r, h->count)}};
   }
   return make_error(ErrorCode::kInvalid, "a request with an unknown op");
 }
@@ -220,11 +240,21 @@ Result<Answer> decode_answer(std::span<const std::byte> b) {
   if (!h) return std::move(h).error();
   std::size_t item = 0;
   switch (h->op) {
-    case Op::kReserve: item = 5; break;
-    case Op::kFinish: item = 1; break;
-    case Op::kLease: item = 4; break;
-    case Op::kUnlease: item = 0; break;
-    case Op::kHolds: item = 1; break;
+    case Op::kReserve:
+      item = 5;
+      break;
+    case Op::kFinish:
+      item = 1;
+      break;
+    case Op::kLease:
+      item = 4;
+      break;
+    case Op::kUnlease:
+      item = 0;
+      break;
+    case Op::kHolds:
+      item = 1;
+      break;
   }
   if (h->op == Op::kUnlease && h->count != 0)
     return make_error(ErrorCode::kInvalid, "an unlease answer carries no items");
@@ -260,7 +290,8 @@ Result<Answer> decode_answer(std::span<const std::byte> b) {
       for (gpu::PageId& p : a.pages) p = static_cast<gpu::PageId>(r.uint(4));
       return Answer{std::move(a)};
     }
-    case Op::kUnlease: return Answer{UnleaseAnswer{}};
+    case Op::kUnlease:
+      return Answer{UnleaseAnswer{}};
     case Op::kHolds: {
       HoldsAnswer a;
       a.held.resize(h->count);
@@ -311,8 +342,9 @@ Status answers(const Request& request, const Answer& answer) {
 Result<Answer> exchange(transfer::PeerTransport& transport, const std::string& peer,
                         const Request& request) {
   Result<std::vector<std::byte>> bytes = transport.ask(peer, encode(request), {}).get();
-  if (!bytes) return wrap_error(std::string(to_string(op_of(request))) + " at " + peer + ": ",
-                                std::move(bytes).error());
+  if (!bytes)
+    return wrap_error(std::string(to_string(op_of(request))) + " at " + peer + ": ",
+                      std::move(bytes).error());
   Result<Answer> answer = decode_answer(*bytes);
   if (!answer)
     return wrap_error(std::string("the ") + to_string(op_of(request)) + " answer of " + peer + ": ",

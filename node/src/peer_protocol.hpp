@@ -102,7 +102,8 @@ struct HoldsAnswer {
   std::vector<std::uint8_t> held{};  // 1: readable there
 };
 
-using Request = std::variant<ReserveRequest, FinishRequest, LeaseRequest, UnleaseRequest, HoldsRequest>;
+using Request =
+    std::variant<ReserveRequest, FinishRequest, LeaseRequest, UnleaseRequest, HoldsRequest>;
 using Answer = std::variant<ReserveAnswer, FinishAnswer, LeaseAnswer, UnleaseAnswer, HoldsAnswer>;
 
 const char* to_string(Op op);

@@ -64,9 +64,15 @@ peer::ReserveAnswer PeerService::reserve(const std::string& peer, const peer::Re
       continue;
     }
     switch (page.error().code) {
-      case ErrorCode::kFrozen: out.chunks.push_back({ReserveOutcome::kFrozen, 0}); break;
-      case ErrorCode::kRefused: out.chunks.push_back({ReserveOutcome::kBusy, 0}); break;
-      default: out.chunks.push_back({ReserveOutcome::kNoRoom, 0}); break;
+      case ErrorCode::kFrozen:
+        out.chunks.push_back({ReserveOutcome::kFrozen, 0});
+        break;
+      case ErrorCode::kRefused:
+        out.chunks.push_back({ReserveOutcome::kBusy, 0});
+        break;
+      default:
+        out.chunks.push_back({ReserveOutcome::kNoRoom, 0});
+        break;
     }
   }
   return out;
@@ -76,8 +82,7 @@ peer::FinishAnswer PeerService::finish(const std::string& peer, const peer::Fini
   peer::FinishAnswer out;
   for (const peer::FinishItem& c : r.chunks) {
     const auto it = reserved_.find(c.hash);
-    const bool mine =
-        it != reserved_.end() && it->second.peer == peer && it->second.move == r.move;
+    const bool mine = it != reserved_.end() && it->second.peer == peer && it->second.move == r.move;
     if (mine) reserved_.erase(it);
     if (!c.whole) {
       if (mine) engine_.abort(c.hash);
@@ -85,7 +90,8 @@ peer::FinishAnswer PeerService::finish(const std::string& peer, const peer::Fini
       continue;
     }
     if (!mine) {  // expired (and aborted), or never reserved: stored only if someone else did
-      out.chunks.push_back(engine_.contains(c.hash) ? FinishOutcome::kStored : FinishOutcome::kLost);
+      out.chunks.push_back(engine_.contains(c.hash) ? FinishOutcome::kStored
+                                                    : FinishOutcome::kLost);
       continue;
     }
     const Status stored = engine_.commit(c.hash);

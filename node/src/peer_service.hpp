@@ -3,11 +3,11 @@
 // answers on the plane's progress thread and never waits for anything but the store's lock.
 //
 // A reservation belongs to one move of one peer: only that move is given its page again, or may
-// commit or release it. What a peer holds here is on a clock: a reservation it never finishes (it died, or its finish
-// was lost) is aborted, and a lease it never drops is dropped, `ttl` after it was taken, so a
-// vanished peer leaks neither pages nor pins. The ttl must exceed a push's deadline plus an
-// ask's, or a late push could write a page already given to another chunk. Expired holds are
-// swept at each ask and by expire().
+// commit or release it. What a peer holds here is on a clock: a reservation it never finishes (it
+// died, or its finish was lost) is aborted, and a lease it never drops is dropped, `ttl` after it
+// was taken, so a vanished peer leaks neither pages nor pins. The ttl must exceed a push's deadline
+// plus an ask's, or a late push could write a page already given to another chunk. Expired holds
+// are swept at each ask and by expire().
 #pragma once
 
 #include <chrono>
@@ -35,7 +35,8 @@ class PeerService {
 
   // PlaneOptions::on_ask: a peer's encoded request -> the encoded answer. kInvalid for a request
   // that does not decode (nothing changes then).
-  Result<std::vector<std::byte>> on_ask(const std::string& peer, std::span<const std::byte> request);
+  Result<std::vector<std::byte>> on_ask(const std::string& peer,
+                                        std::span<const std::byte> request);
   // The same, typed.
   peer::Answer answer(const std::string& peer, const peer::Request& request);
 

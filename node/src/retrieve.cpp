@@ -8,13 +8,20 @@ namespace kvnode::node {
 
 const char* to_string(RetrieveEvent e) {
   switch (e) {
-    case RetrieveEvent::kOk: return "ok";
-    case RetrieveEvent::kAllLocal: return "all_local";
-    case RetrieveEvent::kNobody: return "nobody";
-    case RetrieveEvent::kPeerLost: return "peer_lost";
-    case RetrieveEvent::kNoRoom: return "no_room";
-    case RetrieveEvent::kMore: return "more";
-    case RetrieveEvent::kRunEnds: return "run_ends";
+    case RetrieveEvent::kOk:
+      return "ok";
+    case RetrieveEvent::kAllLocal:
+      return "all_local";
+    case RetrieveEvent::kNobody:
+      return "nobody";
+    case RetrieveEvent::kPeerLost:
+      return "peer_lost";
+    case RetrieveEvent::kNoRoom:
+      return "no_room";
+    case RetrieveEvent::kMore:
+      return "more";
+    case RetrieveEvent::kRunEnds:
+      return "run_ends";
   }
   return "unknown";
 }
@@ -47,7 +54,8 @@ RetrieveState next(RetrieveState s, RetrieveEvent e) {
       if (e == E::kRunEnds) return S::kDone;
       break;
     case S::kDone:
-    case S::kFailed: return s;
+    case S::kFailed:
+      return s;
   }
   spdlog::error("retrieve: no transition from {} on {} (a bug)", to_string(s), to_string(e));
   return S::kFailed;
@@ -56,11 +64,7 @@ RetrieveState next(RetrieveState s, RetrieveEvent e) {
 Retrieve::Retrieve(Engine& engine, transfer::PeerTransport& transport,
                    const PeerMovesOptions& options, const std::vector<ChunkHash>& wanted,
                    const Locate& locate)
-    : engine_(engine),
-      transport_(transport),
-      options_(options),
-      wanted_(wanted),
-      locate_(locate) {}
+    : engine_(engine), transport_(transport), options_(options), wanted_(wanted), locate_(locate) {}
 
 RetrieveResult Retrieve::run() {
   RetrieveState s = RetrieveState::kLocate;
@@ -70,8 +74,8 @@ RetrieveResult Retrieve::run() {
     const RetrieveEvent e = act(s);
     const RetrieveState n = next(s, e);
     if (n == RetrieveState::kFailed && s != RetrieveState::kLocate)
-      out_.error = "internal: no transition from " + std::string(to_string(s)) + " on " +
-                   to_string(e);
+      out_.error =
+          "internal: no transition from " + std::string(to_string(s)) + " on " + to_string(e);
     s = n;
   }
   return std::move(out_);
@@ -79,14 +83,21 @@ RetrieveResult Retrieve::run() {
 
 RetrieveEvent Retrieve::act(RetrieveState s) {
   switch (s) {
-    case RetrieveState::kLocate: return locate();
-    case RetrieveState::kLeaseRemote: return lease_remote();
-    case RetrieveState::kReserveLocal: return reserve_local();
-    case RetrieveState::kPull: return pull();
-    case RetrieveState::kCommitLocal: return commit_local();
-    case RetrieveState::kUnlease: return unlease();
+    case RetrieveState::kLocate:
+      return locate();
+    case RetrieveState::kLeaseRemote:
+      return lease_remote();
+    case RetrieveState::kReserveLocal:
+      return reserve_local();
+    case RetrieveState::kPull:
+      return pull();
+    case RetrieveState::kCommitLocal:
+      return commit_local();
+    case RetrieveState::kUnlease:
+      return unlease();
     case RetrieveState::kDone:
-    case RetrieveState::kFailed: break;
+    case RetrieveState::kFailed:
+      break;
   }
   return RetrieveEvent::kOk;
 }

@@ -48,12 +48,12 @@ class Retrieve {
   const std::vector<ChunkHash>& wanted_;
   const Locate& locate_;
   RetrieveResult out_;
-  std::size_t held_ = 0;     // leading chunks of wanted_ held here
-  std::size_t end_ = 0;      // where the holder's run ends
-  std::size_t asked_ = 0;    // chunks the batch asked the holder for
-  std::uint64_t since_ = 0;  // pages here come from chunks stamped at or before this
-  std::vector<ChunkHash> leased_;          // the batch's chunks leased there, in order
-  std::vector<gpu::PageId> remote_;        // their pages there
+  std::size_t held_ = 0;                    // leading chunks of wanted_ held here
+  std::size_t end_ = 0;                     // where the holder's run ends
+  std::size_t asked_ = 0;                   // chunks the batch asked the holder for
+  std::uint64_t since_ = 0;                 // pages here come from chunks stamped at or before this
+  std::vector<ChunkHash> leased_;           // the batch's chunks leased there, in order
+  std::vector<gpu::PageId> remote_;         // their pages there
   std::vector<transfer::PageCopy> copies_;  // a leading part of leased_, with pages here
   transfer::TransferResult pulled_;
   std::size_t stored_ = 0;  // of the batch

@@ -2,6 +2,8 @@
 // registration and its retries, batched admits and evicts the controller indexes, heartbeats that
 // bring a full sync, requests on the worker's DEALER, control requests on its REP port (every
 // one answered), and de-registration on a clean stop.
+#include "kvnode/agent/worker_agent.hpp"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -11,7 +13,6 @@
 #include <thread>
 #include <zmq.hpp>
 
-#include "kvnode/agent/worker_agent.hpp"
 #include "kvnode/controller/controller.hpp"
 #include "kvnode/wire/codec.hpp"
 
@@ -77,8 +78,9 @@ TEST(WorkerAgent, RegistersReportsHeartbeatsAndDeregisters) {
     std::lock_guard lock(mutex);
     freezes.push_back(on);
   };
-  auto agent = std::move(WorkerAgent::start(options_for(ctl->ports().pull, ctl->ports().reply),
-                                            handlers)).value();
+  auto agent =
+      std::move(WorkerAgent::start(options_for(ctl->ports().pull, ctl->ports().reply), handlers))
+          .value();
   ASSERT_TRUE(eventually([&] { return agent->registered(); }));
   EXPECT_GT(agent->port(), 0);
   // A fresh controller asks every worker's first heartbeat for a full sync; it runs frozen.
@@ -222,13 +224,15 @@ TEST(WorkerAgent, AnswersEveryControlRequest) {
   auto ctl = std::move(controller::Controller::start(loopback())).value();
   AgentHandlers handlers;
   handlers.control = [](const wire::Msg& m) -> wire::Msg {
-    if (std::holds_alternative<wire::HealthWorkerMsg>(m)) throw std::runtime_error("memcheck exploded");
+    if (std::holds_alternative<wire::HealthWorkerMsg>(m))
+      throw std::runtime_error("memcheck exploded");
     if (const auto* clear = std::get_if<wire::ClearWorkerMsg>(&m))
       return wire::ClearWorkerRetMsg{clear->location == kCpu ? 512 : 0};
     return wire::ErrorMsg{"not supported by this node"};
   };
-  auto agent = std::move(WorkerAgent::start(options_for(ctl->ports().pull, ctl->ports().reply),
-                                            handlers)).value();
+  auto agent =
+      std::move(WorkerAgent::start(options_for(ctl->ports().pull, ctl->ports().reply), handlers))
+          .value();
   zmq::context_t ctx;
   zmq::socket_t req(ctx, zmq::socket_type::req);
   req.set(zmq::sockopt::linger, 0);
@@ -251,11 +255,13 @@ TEST(WorkerAgent, AnswersEveryControlRequest) {
     const auto* e = std::get_if<wire::ErrorMsg>(&m);
     return e ? e->error : std::string("not an ErrorMsg");
   };
-  EXPECT_EQ(error_of(ask(wire::encode(wire::HealthWorkerMsg{"e2"}))), "Worker error: memcheck exploded");
+  EXPECT_EQ(error_of(ask(wire::encode(wire::HealthWorkerMsg{"e2"}))),
+            "Worker error: memcheck exploded");
   EXPECT_EQ(error_of(ask(wire::encode(wire::LookupMsg{"e9", {1, 2, 3}}))),
             "Unknown message: " + wire::python_class_text("LookupMsg"));
   EXPECT_NE(error_of(ask("\xc1 not msgpack")).find("Worker error: "), std::string::npos);
-  EXPECT_EQ(error_of(ask(wire::encode(wire::PinWorkerMsg{"e3", kCpu, {1}}))), "not supported by this node");
+  EXPECT_EQ(error_of(ask(wire::encode(wire::PinWorkerMsg{"e3", kCpu, {1}}))),
+            "not supported by this node");
   const AgentCounters c = agent->counters();
   EXPECT_EQ(c.control_requests, 5u);
   EXPECT_EQ(c.control_errors, 4u);
@@ -265,7 +271,8 @@ TEST(WorkerAgent, BadOptionsAreRefusedByName) {
   AgentOptions o;
   EXPECT_NE(WorkerAgent::start(o, {}).error().message.find("instance_id"), std::string::npos);
   o.instance_id = "x";
-  EXPECT_NE(WorkerAgent::start(o, {}).error().message.find("controller_pull_url"), std::string::npos);
+  EXPECT_NE(WorkerAgent::start(o, {}).error().message.find("controller_pull_url"),
+            std::string::npos);
 }
 
 }  // namespace

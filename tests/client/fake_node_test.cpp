@@ -11,8 +11,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <climits>
 #include <chrono>
+#include <climits>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -49,8 +49,8 @@ class FakeConnection {
     for (int i = 0; i < 4; ++i)
       length |= static_cast<std::uint32_t>(static_cast<unsigned char>(header[i])) << (8 * i);
     if (!read_exactly(body, length)) return std::nullopt;
-    Result<protocol::Request> q = protocol::decode_request(
-        std::as_bytes(std::span(body.data(), body.size())));
+    Result<protocol::Request> q =
+        protocol::decode_request(std::as_bytes(std::span(body.data(), body.size())));
     EXPECT_TRUE(q) << q.error().message;
     return q ? std::optional(std::move(q).value()) : std::nullopt;
   }

@@ -3,6 +3,8 @@
 // over the shared staging region and inline, several clients at once, an owner-only socket, and
 // a node killed and restarted on the same socket, which the same client reaches again (mapping
 // the new node's staging region, not writing into the dead one's).
+#include "kvnode/client/local_client.hpp"
+
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -17,7 +19,6 @@
 #include <thread>
 #include <vector>
 
-#include "kvnode/client/local_client.hpp"
 #include "support/child_process.hpp"
 
 namespace kvnode::client {
@@ -70,13 +71,34 @@ class NodeProcess {
     start();
   }
   void start() {
-    process_ = std::make_unique<test::ChildProcess>(std::vector<std::string>{
-        KVNODE_PATH, "--instance-id", instance_, "--controller-pull-url", "127.0.0.1:1",
-        "--controller-reply-url", "127.0.0.1:2", "--chunk-bytes", std::to_string(kChunkBytes),
-        "--chunk-size", std::to_string(kChunkTokens), "--max-local-cpu-size", "0.01",
-        "--http-port", "-1", "--local-socket", socket_, "--local-staging-mb", "1",
-        "--full-sync-startup-delay", "0", "--ucx-tls", "tcp", "--ucx-net-devices", "lo",
-        "--log-level", "warn"});
+    process_ =
+        std::make_unique<test::ChildProcess>(std::vector<std::string>{KVNODE_PATH,
+                                                                      "--instance-id",
+                                                                      instance_,
+                                                                      "--controller-pull-url",
+                                                                      "127.0.0.1:1",
+                                                                      "--controller-reply-url",
+                                                                      "127.0.0.1:2",
+                                                                      "--chunk-bytes",
+                                                                      std::to_string(kChunkBytes),
+                                                                      "--chunk-size",
+                                                                      std::to_string(kChunkTokens),
+                                                                      "--max-local-cpu-size",
+                                                                      "0.01",
+                                                                      "--http-port",
+                                                                      "-1",
+                                                                      "--local-socket",
+                                                                      socket_,
+                                                                      "--local-staging-mb",
+                                                                      "1",
+                                                                      "--full-sync-startup-delay",
+                                                                      "0",
+                                                                      "--ucx-tls",
+                                                                      "tcp",
+                                                                      "--ucx-net-devices",
+                                                                      "lo",
+                                                                      "--log-level",
+                                                                      "warn"});
   }
   void kill_hard() {
     process_->signal(SIGKILL);
@@ -92,8 +114,10 @@ class NodeProcess {
     const bool up = eventually([&] {
       if (!process_->running()) return true;
       auto r = LocalClient::connect(socket_, o);
-      if (r) c = std::move(r).value();
-      else last = r.error().message;
+      if (r)
+        c = std::move(r).value();
+      else
+        last = r.error().message;
       return c != nullptr;
     });
     EXPECT_TRUE(up && c) << last << "\n" << process_->output();
@@ -107,7 +131,9 @@ class NodeProcess {
   std::unique_ptr<test::ChildProcess> process_;
 };
 
-std::size_t or0(const Result<std::size_t>& r) { return r ? *r : 0; }
+std::size_t or0(const Result<std::size_t>& r) {
+  return r ? *r : 0;
+}
 
 void round_trip(LocalClient& c, std::int64_t first_token) {
   const std::vector<std::int64_t> t = tokens(40 * kChunkTokens, first_token);
@@ -127,7 +153,8 @@ void round_trip(LocalClient& c, std::int64_t first_token) {
   ASSERT_TRUE(has);
   EXPECT_EQ(*has, (std::vector<bool>{true, false, true}));
   EXPECT_EQ(or0(c.lookup(tokens(45 * kChunkTokens, first_token))), 40 * kChunkTokens);
-  Result<std::size_t> wrong = c.put(ChunkKeys::of_hashes({1, 2}), std::span(data).first(kChunkBytes));
+  Result<std::size_t> wrong =
+      c.put(ChunkKeys::of_hashes({1, 2}), std::span(data).first(kChunkBytes));
   ASSERT_FALSE(wrong);
   EXPECT_EQ(wrong.error().code, ErrorCode::kInvalid);
   std::vector<std::byte> small(3 * kChunkBytes);
@@ -199,7 +226,8 @@ TEST(LocalClientAgainstKvnode, ANodeRestartedOnItsSocketIsReachedAgain) {
   node.start();
   Result<std::vector<bool>> has{make_error("not tried")};
   ASSERT_TRUE(eventually([&] { return (has = c->contains(ChunkKeys::of_hashes({5}))).ok(); }))
-      << has.error().message << "\n" << node.log();
+      << has.error().message << "\n"
+      << node.log();
   EXPECT_EQ(*has, std::vector<bool>{false}) << "a new node holds nothing";
   ASSERT_TRUE(c->shared_memory());
   const std::vector<std::byte> six = chunk_of(6);

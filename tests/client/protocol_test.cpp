@@ -20,10 +20,10 @@ std::span<const std::byte> bytes_of(const std::string& s) {
 }
 
 TEST(LocalProtocol, ARequestRoundTripsWithEveryField) {
-  for (const LocalOp op : {LocalOp::kInfo, LocalOp::kHashes, LocalOp::kContains, LocalOp::kLookup,
-                           LocalOp::kPut, LocalOp::kGet, LocalOp::kReserve, LocalOp::kCommit,
-                           LocalOp::kAbort, LocalOp::kLease, LocalOp::kRelease,
-                           LocalOp::kRetrieve}) {
+  for (const LocalOp op :
+       {LocalOp::kInfo, LocalOp::kHashes, LocalOp::kContains, LocalOp::kLookup, LocalOp::kPut,
+        LocalOp::kGet, LocalOp::kReserve, LocalOp::kCommit, LocalOp::kAbort, LocalOp::kLease,
+        LocalOp::kRelease, LocalOp::kRetrieve}) {
     Request q;
     q.op = op;
     q.hashes = {1, -2, INT64_MAX, INT64_MIN};

@@ -42,7 +42,8 @@ class RawLocalSocket {
 
   static std::string header(std::uint32_t length) {
     std::string h(4, '\0');
-    for (int i = 0; i < 4; ++i) h[static_cast<std::size_t>(i)] = static_cast<char>(length >> (8 * i));
+    for (int i = 0; i < 4; ++i)
+      h[static_cast<std::size_t>(i)] = static_cast<char>(length >> (8 * i));
     return h;
   }
   // Bytes as they are (no framing).
@@ -67,8 +68,9 @@ class RawLocalSocket {
     if (!read_exactly(h, 4, until)) return std::nullopt;
     std::uint32_t length = 0;
     for (int i = 0; i < 4; ++i)
-      length |= static_cast<std::uint32_t>(static_cast<unsigned char>(h[static_cast<std::size_t>(i)]))
-                << (8 * i);
+      length |=
+          static_cast<std::uint32_t>(static_cast<unsigned char>(h[static_cast<std::size_t>(i)]))
+          << (8 * i);
     std::string body;
     if (!read_exactly(body, length, until)) return std::nullopt;
     return body;

@@ -94,7 +94,8 @@ class TempFile {
 std::vector<fs::path> files_under(const fs::path& dir, const std::set<std::string>& extensions) {
   std::vector<fs::path> out;
   for (const auto& e : fs::recursive_directory_iterator(dir))
-    if (e.is_regular_file() && extensions.count(e.path().extension().string())) out.push_back(e.path());
+    if (e.is_regular_file() && extensions.count(e.path().extension().string()))
+      out.push_back(e.path());
   std::sort(out.begin(), out.end());
   return out;
 }
@@ -106,7 +107,9 @@ struct Doc {
   YAML::Node node;
 };
 
-std::string str(const YAML::Node& n) { return n && n.IsScalar() ? n.Scalar() : std::string(); }
+std::string str(const YAML::Node& n) {
+  return n && n.IsScalar() ? n.Scalar() : std::string();
+}
 
 // Every Kubernetes object under deploy/k8s (Kustomization files excluded).
 std::vector<Doc> k8s_objects() {
@@ -225,7 +228,7 @@ std::vector<std::string> argv_of(const YAML::Node& c) {
   for (const YAML::Node& e : c["env"]) {
     const YAML::Node from = e["valueFrom"];
     const std::string field = from && from["fieldRef"] ? str(from["fieldRef"]["fieldPath"]) : "";
-    env[str(e["name"])] = e["value"] ? str(e["value"])
+    env[str(e["name"])] = e["value"]                              ? str(e["value"])
                           : field.find("IP") != std::string::npos ? "10.1.2.3"
                                                                   : "name-a";
   }
@@ -238,7 +241,8 @@ std::vector<std::string> argv_of(const YAML::Node& c) {
     while (std::regex_search(a, m, var)) {
       const auto it = env.find(m[1].str());
       if (it == env.end()) {
-        ADD_FAILURE() << "argument '" << a << "' names $(" << m[1] << "), not in the container's env";
+        ADD_FAILURE() << "argument '" << a << "' names $(" << m[1]
+                      << "), not in the container's env";
         break;
       }
       a = m.prefix().str() + it->second + m.suffix().str();
@@ -271,9 +275,9 @@ std::string config_arg(const std::vector<std::string>& argv) {
 // Bytes of a Kubernetes quantity such as 17Gi or 512M (0 when unreadable).
 double quantity_bytes(const std::string& q) {
   static const std::map<std::string, double> kUnits = {
-      {"", 1},           {"k", 1e3},  {"M", 1e6},  {"G", 1e9},  {"T", 1e12},
-      {"Ki", 1024.0},    {"Mi", 1048576.0},        {"Gi", 1073741824.0},
-      {"Ti", 1099511627776.0}};
+      {"", 1},           {"k", 1e3},           {"M", 1e6},
+      {"G", 1e9},        {"T", 1e12},          {"Ki", 1024.0},
+      {"Mi", 1048576.0}, {"Gi", 1073741824.0}, {"Ti", 1099511627776.0}};
   std::size_t end = 0;
   double n = 0;
   try {
@@ -322,8 +326,8 @@ void expect_known_node_keys(const std::string& yaml, const std::string& where) {
   const std::set<std::string> known = node_yaml_keys();
   ASSERT_GT(known.size(), 10u) << "node_settings() lists too few keys";
   for (const auto& kv : YAML::Load(yaml))
-    EXPECT_TRUE(known.count(kv.first.Scalar())) << where << ": kvnode reads no key '"
-                                                << kv.first.Scalar() << "'";
+    EXPECT_TRUE(known.count(kv.first.Scalar()))
+        << where << ": kvnode reads no key '" << kv.first.Scalar() << "'";
 }
 
 // GET paths a program serves: the controller's get("...") routes, the node's http->get("...").
@@ -409,7 +413,8 @@ std::vector<Stage> dockerfile_stages() {
       std::string from = joined.substr(5);
       for (const auto& [name, value] : args) from = replace_all(from, "${" + name + "}", value);
       stages.push_back({from, {}});
-    } else if (stages.empty() && joined.rfind("ARG ", 0) == 0 && joined.find('=') != std::string::npos) {
+    } else if (stages.empty() && joined.rfind("ARG ", 0) == 0 &&
+               joined.find('=') != std::string::npos) {
       const auto eq = joined.find('=');
       args[joined.substr(4, eq - 4)] = joined.substr(eq + 1);
     } else if (!stages.empty() && !joined.empty())
@@ -511,7 +516,8 @@ TEST(DeployK8s, ServicePortsExistOnTheirPods) {
     ++services;
     std::vector<YAML::Node> pods;
     for (const auto& [owner, tpl] : pod_templates(docs))
-      if (selector_matches(d.node["spec"]["selector"], tpl["metadata"]["labels"])) pods.push_back(tpl);
+      if (selector_matches(d.node["spec"]["selector"], tpl["metadata"]["labels"]))
+        pods.push_back(tpl);
     ASSERT_FALSE(pods.empty()) << d.file << ": Service " << str(d.node["metadata"]["name"])
                                << " selects no pod template";
     for (const YAML::Node& p : d.node["spec"]["ports"]) {
@@ -611,8 +617,10 @@ TEST(DeployK8s, NodeConfigLoadsAndMatchesPodsAndController) {
       EXPECT_NE(cfg->advertise_ip, "127.0.0.1") << where << ": the controller cannot dial loopback";
       const auto [pull_host, pull_port] = split_url(cfg->controller_pull_url);
       const auto [reply_host, reply_port] = split_url(cfg->controller_reply_url);
-      EXPECT_TRUE(names_service(pull_host, svc_name, namespace_of_base())) << where << " " << pull_host;
-      EXPECT_TRUE(names_service(reply_host, svc_name, namespace_of_base())) << where << " " << reply_host;
+      EXPECT_TRUE(names_service(pull_host, svc_name, namespace_of_base()))
+          << where << " " << pull_host;
+      EXPECT_TRUE(names_service(reply_host, svc_name, namespace_of_base()))
+          << where << " " << reply_host;
       EXPECT_EQ(pull_port, service_port(*svc, "pull")) << where;
       EXPECT_EQ(reply_port, service_port(*svc, "reply")) << where;
       EXPECT_EQ(cfg->chunk_size, controller->hashing.chunk_size) << where;
@@ -640,7 +648,8 @@ TEST(DeployK8s, NodeConfigLoadsAndMatchesPodsAndController) {
       const fs::path socket_dir = fs::path(kvnode::node::local_socket_path(*cfg)).parent_path();
       std::map<std::string, std::string> mounts;  // mountPath -> volume
       for (const YAML::Node& m : c["volumeMounts"]) mounts[str(m["mountPath"])] = str(m["name"]);
-      ASSERT_TRUE(mounts.count(socket_dir.string())) << where << ": " << socket_dir << " is no volume";
+      ASSERT_TRUE(mounts.count(socket_dir.string()))
+          << where << ": " << socket_dir << " is no volume";
       ASSERT_TRUE(mounts.count("/dev/shm")) << where << ": /dev/shm is no volume";
       for (const YAML::Node& other : containers_of(spec)) {
         if (str(other["name"]) == str(c["name"])) continue;
@@ -748,8 +757,8 @@ TEST(DeployImage, RuntimeStageHasEveryLibraryTheBinariesLoad) {
     ASSERT_NE(it, packages.end()) << soname << ": no package has it\n" << owners.out;
     bool installed = false;
     for (const std::string& pkg : it->second) installed = installed || have.count(pkg);
-    EXPECT_TRUE(installed) << binary << " needs " << soname << " (from "
-                           << *it->second.begin() << "), which the runtime stage does not install";
+    EXPECT_TRUE(installed) << binary << " needs " << soname << " (from " << *it->second.begin()
+                           << "), which the runtime stage does not install";
   }
 }
 
@@ -792,7 +801,8 @@ std::vector<std::string> split_words(const std::string& s) {
 
 std::vector<Unit> units() {
   std::vector<Unit> out;
-  for (const fs::path& f : files_under(kDeploy / "systemd", {".service"})) out.push_back(parse_unit(f));
+  for (const fs::path& f : files_under(kDeploy / "systemd", {".service"}))
+    out.push_back(parse_unit(f));
   return out;
 }
 
@@ -825,7 +835,8 @@ TEST(DeploySystemd, UnitsRunWhatTheExamplesConfigure) {
       for (const std::string rank : {"0", "7"}) {
         std::vector<std::string> argv;
         for (const std::string& w : words)
-          argv.push_back(replace_all(replace_all(w, "%i", rank), "/etc/kvnode/", examples.string() + "/"));
+          argv.push_back(
+              replace_all(replace_all(w, "%i", rank), "/etc/kvnode/", examples.string() + "/"));
         expect_known_node_keys(read_text(examples / "kvnode.yaml"), name);
         const auto cfg = load_node(argv);
         ASSERT_TRUE(cfg) << name << " rank " << rank;
@@ -833,7 +844,8 @@ TEST(DeploySystemd, UnitsRunWhatTheExamplesConfigure) {
         // The socket lives in the unit's RuntimeDirectory.
         const auto rt = u.service.find("RuntimeDirectory");
         ASSERT_NE(rt, u.service.end()) << name;
-        EXPECT_EQ(fs::path(kvnode::node::local_socket_path(*cfg)).parent_path(), "/run/" + rt->second);
+        EXPECT_EQ(fs::path(kvnode::node::local_socket_path(*cfg)).parent_path(),
+                  "/run/" + rt->second);
         nodes.push_back(*cfg);
       }
     } else {
@@ -868,7 +880,8 @@ TEST(DeploySystemd, SystemdAnalyzeVerifies) {
       name.insert(name.find('@') + 1, "0");  // verify an instance of the template
       std::ofstream(tmp / name) << text;
     }
-    const CommandResult r = run("cd '" + tmp.string() + "' && systemd-analyze verify './" + name + "'");
+    const CommandResult r =
+        run("cd '" + tmp.string() + "' && systemd-analyze verify './" + name + "'");
     EXPECT_EQ(r.rc, 0) << name << ":\n" << r.out;
     // Unknown keys and bad values are warnings: any line naming the unit fails the test.
     EXPECT_EQ(r.out.find(".service"), std::string::npos) << name << ":\n" << r.out;

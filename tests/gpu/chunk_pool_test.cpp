@@ -1,12 +1,13 @@
 // The chunk pool over real host memory: O(1) pages that never overlap, exhaustion, all-or-nothing
 // batches, misuse reported as errors, and the CUDA kinds (skipped, with the reason, without a GPU).
+#include "kvnode/gpu/chunk_pool.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <set>
 #include <thread>
 
-#include "kvnode/gpu/chunk_pool.hpp"
 #include "kvnode/gpu/device_probe.hpp"
 
 namespace kvnode::gpu {

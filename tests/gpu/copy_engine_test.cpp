@@ -1,11 +1,12 @@
 // Copy engines and the GPUDirect check: the host stand-in and every no-GPU answer run here; the
 // CUDA paths run where a GPU is present and skip with the reason elsewhere.
+#include "kvnode/gpu/copy_engine.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <vector>
 
-#include "kvnode/gpu/copy_engine.hpp"
 #include "kvnode/gpu/device_probe.hpp"
 #include "kvnode/gpu/gpudirect.hpp"
 

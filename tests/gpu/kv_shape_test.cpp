@@ -1,14 +1,17 @@
 // KV shapes to chunk sizes (LMCache's KV_2LTD layout) and dtype names as torch and vLLM spell them.
-#include <gtest/gtest.h>
-
 #include "kvnode/gpu/kv_shape.hpp"
+
+#include <gtest/gtest.h>
 
 namespace kvnode::gpu {
 namespace {
 
 TEST(KvShape, Llama31_8BChunkIs32MiB) {
-  const KvShape llama{.layers = 32, .kv_heads = 8, .head_size = 128,
-                      .dtype = KvDtype::kBFloat16, .tokens_per_chunk = 256};
+  const KvShape llama{.layers = 32,
+                      .kv_heads = 8,
+                      .head_size = 128,
+                      .dtype = KvDtype::kBFloat16,
+                      .tokens_per_chunk = 256};
   const auto bytes = chunk_bytes(llama);
   ASSERT_TRUE(bytes) << bytes.error().message;
   EXPECT_EQ(*bytes, 32u << 20);
@@ -24,13 +27,19 @@ TEST(KvShape, Llama31_8BChunkIs32MiB) {
 }
 
 TEST(KvShape, ZeroFieldsAndOverflowAreNamed) {
-  KvShape s{.layers = 32, .kv_heads = 0, .head_size = 128, .dtype = KvDtype::kBFloat16,
+  KvShape s{.layers = 32,
+            .kv_heads = 0,
+            .head_size = 128,
+            .dtype = KvDtype::kBFloat16,
             .tokens_per_chunk = 256};
   auto r = chunk_bytes(s);
   ASSERT_FALSE(r);
   EXPECT_NE(r.error().message.find("kv_heads"), std::string::npos);
-  s = KvShape{.layers = 0xFFFFFFFF, .kv_heads = 0xFFFFFFFF, .head_size = 0xFFFFFFFF,
-              .dtype = KvDtype::kFloat32, .tokens_per_chunk = 0xFFFFFFFF};
+  s = KvShape{.layers = 0xFFFFFFFF,
+              .kv_heads = 0xFFFFFFFF,
+              .head_size = 0xFFFFFFFF,
+              .dtype = KvDtype::kFloat32,
+              .tokens_per_chunk = 0xFFFFFFFF};
   r = chunk_bytes(s);
   ASSERT_FALSE(r);
   EXPECT_NE(r.error().message.find("overflows"), std::string::npos);

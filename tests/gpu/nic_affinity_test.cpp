@@ -1,18 +1,22 @@
 // NIC choice for a GPU on a synthetic two-socket host: PCIe switch first, NUMA node second.
-#include <gtest/gtest.h>
-
 #include "kvnode/gpu/nic_affinity.hpp"
+
+#include <gtest/gtest.h>
 
 namespace kvnode::gpu {
 namespace {
 
 // Socket 0: root port 3a, a switch 3b with the GPU (3c) and mlx5_0 (3d) behind it, and mlx5_1
 // on its own root port 17. Socket 1: mlx5_2 under root complex d7.
-const std::string kGpu = "/sys/devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0/0000:3b:08.0/0000:3c:00.0";
-const RdmaDevice kSameSwitch{"mlx5_0", "guid0", 0,
-                             "/sys/devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0/0000:3b:10.0/0000:3d:00.0"};
-const RdmaDevice kSameSocket{"mlx5_1", "guid1", 0, "/sys/devices/pci0000:17/0000:17:00.0/0000:18:00.0"};
-const RdmaDevice kOtherSocket{"mlx5_2", "guid2", 1, "/sys/devices/pci0000:d7/0000:d7:00.0/0000:d8:00.0"};
+const std::string kGpu =
+    "/sys/devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0/0000:3b:08.0/0000:3c:00.0";
+const RdmaDevice kSameSwitch{
+    "mlx5_0", "guid0", 0,
+    "/sys/devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0/0000:3b:10.0/0000:3d:00.0"};
+const RdmaDevice kSameSocket{"mlx5_1", "guid1", 0,
+                             "/sys/devices/pci0000:17/0000:17:00.0/0000:18:00.0"};
+const RdmaDevice kOtherSocket{"mlx5_2", "guid2", 1,
+                              "/sys/devices/pci0000:d7/0000:d7:00.0/0000:d8:00.0"};
 
 TEST(NicAffinity, TheNicUnderTheGpusSwitchWins) {
   EXPECT_EQ(pci_distance_score(kGpu, kSameSwitch.pci_path), 3);

@@ -52,7 +52,8 @@ struct Range {
   std::int64_t first;
   std::size_t chunks;
   std::string arg() const {
-    return std::to_string(first) + ":" + std::to_string(first + static_cast<std::int64_t>(chunks * kChunkTokens));
+    return std::to_string(first) + ":" +
+           std::to_string(first + static_cast<std::int64_t>(chunks * kChunkTokens));
   }
   std::vector<std::int64_t> tokens() const {
     std::vector<std::int64_t> t(chunks * kChunkTokens);
@@ -62,15 +63,20 @@ struct Range {
   std::int64_t token_count() const { return static_cast<std::int64_t>(chunks * kChunkTokens); }
 };
 
-std::size_t count(const std::vector<bool>& v) { return static_cast<std::size_t>(std::count(v.begin(), v.end(), true)); }
+std::size_t count(const std::vector<bool>& v) {
+  return static_cast<std::size_t>(std::count(v.begin(), v.end(), true));
+}
 std::size_t leading(const std::vector<bool>& v) {
   return static_cast<std::size_t>(std::find(v.begin(), v.end(), false) - v.begin());
 }
 // A `kvctl verify --retrieve --json` answer's retrieve part.
 Json retrieved(const Json& verify) {
-  return verify.contains("retrieve") && verify["retrieve"].is_object() ? verify["retrieve"] : Json::object();
+  return verify.contains("retrieve") && verify["retrieve"].is_object() ? verify["retrieve"]
+                                                                       : Json::object();
 }
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 struct NodeHost {
   std::string instance;
@@ -82,18 +88,23 @@ class MultiHost : public ::testing::Test {
  protected:
   void TearDown() override {
     if (HasFailure()) {
-      auto tail = [](const std::string& s) { return s.size() > 6000 ? "..." + s.substr(s.size() - 6000) : s; };
-      if (controller_) std::cout << "---- controller log ----\n" << tail(controller_->log()) << "\n";
+      auto tail = [](const std::string& s) {
+        return s.size() > 6000 ? "..." + s.substr(s.size() - 6000) : s;
+      };
+      if (controller_)
+        std::cout << "---- controller log ----\n" << tail(controller_->log()) << "\n";
       for (std::size_t i = 0; i < nodes_.size(); ++i)
         if (nodes_[i].process)
-          std::cout << "---- node " << i + 1 << " log ----\n" << tail(nodes_[i].process->log()) << "\n";
+          std::cout << "---- node " << i + 1 << " log ----\n"
+                    << tail(nodes_[i].process->log()) << "\n";
     }
     // KVNODE_MULTIHOST_LOGS=DIR keeps every process's log there, passed or failed.
     if (const char* dir = std::getenv("KVNODE_MULTIHOST_LOGS"); dir && *dir) {
       if (controller_) std::ofstream(std::string(dir) + "/controller.log") << controller_->log();
       for (std::size_t i = 0; i < nodes_.size(); ++i)
         if (nodes_[i].process)
-          std::ofstream(std::string(dir) + "/node" + std::to_string(i + 1) + ".log") << nodes_[i].process->log();
+          std::ofstream(std::string(dir) + "/node" + std::to_string(i + 1) + ".log")
+              << nodes_[i].process->log();
     }
     // Processes first (before their namespaces go), then the namespaces, then files they left.
     controller_.reset();
@@ -160,13 +171,43 @@ class MultiHost : public ::testing::Test {
 
   std::vector<std::string> node_argv(std::size_t i, const std::string& gigabytes) const {
     const Host& h = host_of(i);
-    return {KVNODE_PATH, "--instance-id", nodes_[i].instance, "--controller-pull-url", ctl().addr + ":8300",
-            "--controller-reply-url", ctl().addr + ":8400", "--worker-ports", kWorkerPort, "--p2p-host", h.addr,
-            "--p2p-init-ports", kP2pPort, "--advertise-ip", h.addr, "--http-port", "9100", "--ucx-tls", "tcp",
-            "--ucx-net-devices", Topology::kIface, "--full-sync-startup-delay", "0", "--heartbeat-time", "0.5",
-            "--local-socket", nodes_[i].socket, "--local-staging-mb", "16", "--chunk-bytes",
-            std::to_string(kChunkBytes), "--chunk-size", std::to_string(kChunkTokens), "--max-local-cpu-size",
-            gigabytes, "--log-level", "info"};
+    return {KVNODE_PATH,
+            "--instance-id",
+            nodes_[i].instance,
+            "--controller-pull-url",
+            ctl().addr + ":8300",
+            "--controller-reply-url",
+            ctl().addr + ":8400",
+            "--worker-ports",
+            kWorkerPort,
+            "--p2p-host",
+            h.addr,
+            "--p2p-init-ports",
+            kP2pPort,
+            "--advertise-ip",
+            h.addr,
+            "--http-port",
+            "9100",
+            "--ucx-tls",
+            "tcp",
+            "--ucx-net-devices",
+            Topology::kIface,
+            "--full-sync-startup-delay",
+            "0",
+            "--heartbeat-time",
+            "0.5",
+            "--local-socket",
+            nodes_[i].socket,
+            "--local-staging-mb",
+            "16",
+            "--chunk-bytes",
+            std::to_string(kChunkBytes),
+            "--chunk-size",
+            std::to_string(kChunkTokens),
+            "--max-local-cpu-size",
+            gigabytes,
+            "--log-level",
+            "info"};
   }
 
   // Registered with its own address and transfer plane, as the controller lists it.
@@ -225,20 +266,21 @@ class MultiHost : public ::testing::Test {
   }
 
   Json put(std::size_t i, const Range& r) {
-    return kvctl_at(host_of(i), {"put", "--node", nodes_[i].socket, "--token-range", r.arg(), "--seed",
-                                 std::to_string(kSeed)});
+    return kvctl_at(host_of(i), {"put", "--node", nodes_[i].socket, "--token-range", r.arg(),
+                                 "--seed", std::to_string(kSeed)});
   }
   Json verify(std::size_t i, const Range& r, bool retrieve) {
-    std::vector<std::string> args = {"verify", "--node", nodes_[i].socket, "--token-range", r.arg(), "--seed",
-                                     std::to_string(kSeed)};
+    std::vector<std::string> args = {"verify", "--node", nodes_[i].socket,     "--token-range",
+                                     r.arg(),  "--seed", std::to_string(kSeed)};
     if (retrieve) args.push_back("--retrieve");
     return kvctl_at(host_of(i), args);
   }
   Json move(std::size_t from, std::size_t to, const Range& r, std::chrono::seconds patience = 60s) {
-    return api({"move", "--from", nodes_[from].instance, "--to", nodes_[to].instance, "--token-range", r.arg(),
-                "--chunk-size", std::to_string(kChunkTokens), "--chunk-bytes", std::to_string(kChunkBytes),
-                "--timeout", std::to_string(patience.count())},
-               patience + 30s);
+    return api(
+        {"move", "--from", nodes_[from].instance, "--to", nodes_[to].instance, "--token-range",
+         r.arg(), "--chunk-size", std::to_string(kChunkTokens), "--chunk-bytes",
+         std::to_string(kChunkBytes), "--timeout", std::to_string(patience.count())},
+        patience + 30s);
   }
 
   std::unique_ptr<Topology> net_;
@@ -249,50 +291,59 @@ class MultiHost : public ::testing::Test {
 TEST_F(MultiHost, ThreeNodesAndAControllerOnSeparateHostsLoseNoChunk) {
   const auto test_start = Clock::now();
   if (::geteuid() != 0)
-    GTEST_SKIP() << "the multi-host test needs root: it makes network namespaces and veth pairs (ip netns add)";
+    GTEST_SKIP() << "the multi-host test needs root: it makes network namespaces and veth pairs "
+                    "(ip netns add)";
   if (ip_binary().empty())
-    GTEST_SKIP() << "the multi-host test needs iproute2's `ip` (Debian package iproute2); not found";
+    GTEST_SKIP()
+        << "the multi-host test needs iproute2's `ip` (Debian package iproute2); not found";
   remove_leftovers();
   net_ = std::make_unique<Topology>(std::vector<std::string>{"ctl", "n1", "n2", "n3"});
   if (!net_->error().empty())
-    GTEST_SKIP() << "this machine does not allow the multi-host test's network namespaces, veth pairs and "
-                    "bridge (needs CAP_SYS_ADMIN and CAP_NET_ADMIN, e.g. a privileged container): "
-                 << net_->error();
+    GTEST_SKIP()
+        << "this machine does not allow the multi-host test's network namespaces, veth pairs and "
+           "bridge (needs CAP_SYS_ADMIN and CAP_NET_ADMIN, e.g. a privileged container): "
+        << net_->error();
   auto say = [&](const std::string& what) {
-    std::cout << "[ multihost ] " << std::fixed << std::setprecision(1) << seconds_since(test_start) << " s: " << what
-              << std::endl;
+    std::cout << "[ multihost ] " << std::fixed << std::setprecision(1) << seconds_since(test_start)
+              << " s: " << what << std::endl;
   };
-  say("hosts up: controller " + ctl().addr + ", nodes " + host_of(0).addr + ", " + host_of(1).addr + ", " +
-      host_of(2).addr + " on a bridge");
+  say("hosts up: controller " + ctl().addr + ", nodes " + host_of(0).addr + ", " + host_of(1).addr +
+      ", " + host_of(2).addr + " on a bridge");
 
   // ---- Registration across hosts ---------------------------------------------------------------
   controller_ = std::make_unique<HostProcess>(
-      ctl(), std::vector<std::string>{KVCONTROLLER_PATH, "--host", "0.0.0.0", "--port", "9000", "--monitor-ports",
-                                      R"({"pull": 8300, "reply": 8400, "heartbeat": 8082})", "--advertise-host",
-                                      ctl().addr, "--chunk-size", std::to_string(kChunkTokens),
-                                      "--health-check-interval", "1", "--lmcache-worker-timeout", "3",
-                                      "--fanout-timeout", "60", "--log-level", "info"});
+      ctl(),
+      std::vector<std::string>{
+          KVCONTROLLER_PATH, "--host", "0.0.0.0", "--port", "9000", "--monitor-ports",
+          R"({"pull": 8300, "reply": 8400, "heartbeat": 8082})", "--advertise-host", ctl().addr,
+          "--chunk-size", std::to_string(kChunkTokens), "--health-check-interval", "1",
+          "--lmcache-worker-timeout", "3", "--fanout-timeout", "60", "--log-level", "info"});
   controller_->start();
   for (std::size_t i = 0; i < 3; ++i) {
     const std::string tag = net_->prefix() + "-n" + std::to_string(i + 1);
     nodes_.push_back(NodeHost{tag, "/tmp/" + tag + ".sock", nullptr});
   }
-  // Pools: nodes 1 and 2 take the 1024-chunk move and more (1335 chunks of 256 KiB), node 3 a little.
+  // Pools: nodes 1 and 2 take the 1024-chunk move and more (1335 chunks of 256 KiB), node 3 a
+  // little.
   const std::vector<std::string> sizes = {"0.35", "0.35", "0.05"};
   for (std::size_t i = 0; i < 3; ++i) {
     nodes_[i].process = std::make_unique<HostProcess>(host_of(i), node_argv(i, sizes[i]));
     nodes_[i].process->start();
   }
-  ASSERT_TRUE(eventually([&] { return !controller_->running() || api({"workers"}, 10s).contains("workers"); }, 30s) &&
-              controller_->running())
+  ASSERT_TRUE(
+      eventually(
+          [&] { return !controller_->running() || api({"workers"}, 10s).contains("workers"); },
+          30s) &&
+      controller_->running())
       << "the controller did not come up on " << controller_api();
   ASSERT_TRUE(eventually(
-      [&] {
-        for (std::size_t i = 0; i < 3; ++i)
-          if (!nodes_[i].process->running()) return true;
-        return all_registered();
-      },
-      60s) && all_registered())
+                  [&] {
+                    for (std::size_t i = 0; i < 3; ++i)
+                      if (!nodes_[i].process->running()) return true;
+                    return all_registered();
+                  },
+                  60s) &&
+              all_registered())
       << "every node registers with its own address: " << api({"workers"}).dump();
   // Heartbeats reach the address the controller advertised: every last_heartbeat_time moves.
   std::map<std::string, double> beat;
@@ -304,7 +355,8 @@ TEST_F(MultiHost, ThreeNodesAndAControllerOnSeparateHostsLoseNoChunk) {
         const auto w = workers();
         if (!w) return false;
         for (const NodeHost& n : nodes_)
-          if (!w->contains(n.instance) || w->at(n.instance).value("last_heartbeat_time", 0.0) <= beat[n.instance])
+          if (!w->contains(n.instance) ||
+              w->at(n.instance).value("last_heartbeat_time", 0.0) <= beat[n.instance])
             return false;
         return true;
       },
@@ -312,11 +364,13 @@ TEST_F(MultiHost, ThreeNodesAndAControllerOnSeparateHostsLoseNoChunk) {
       << "heartbeats from every host: " << api({"workers"}).dump();
   say("3 nodes registered across hosts, heartbeating to " + ctl().addr + ":8082");
 
-  // ---- P2P lookup and move between hosts ---------------------------------------------------------
+  // ---- P2P lookup and move between hosts
+  // ---------------------------------------------------------
   const Range a{0, 64};
   Json r = put(0, a);
   ASSERT_EQ(r.value("chunks", 0), 64) << r.dump();
-  ASSERT_TRUE(eventually([&] { return lookup(a) == std::make_pair(nodes_[0].instance, a.token_count()); }, 20s))
+  ASSERT_TRUE(eventually(
+      [&] { return lookup(a) == std::make_pair(nodes_[0].instance, a.token_count()); }, 20s))
       << api({"lookup", "--token-range", a.arg()}).dump();
   r = move(0, 1, a);
   ASSERT_EQ(r.value("num_tokens", -1), a.token_count()) << r.dump();
@@ -324,14 +378,16 @@ TEST_F(MultiHost, ThreeNodesAndAControllerOnSeparateHostsLoseNoChunk) {
   ASSERT_EQ(r.value("exit", -1), 0) << "every byte arrived at node 2: " << r.dump();
   const std::vector<std::int64_t> a_hashes = hashes(0, a);
   EXPECT_EQ(count(held(0, a_hashes)), 0u) << "a move (not a copy) leaves nothing at the source";
-  ASSERT_TRUE(eventually([&] { return lookup(a) == std::make_pair(nodes_[1].instance, a.token_count()); }, 20s))
+  ASSERT_TRUE(eventually(
+      [&] { return lookup(a) == std::make_pair(nodes_[1].instance, a.token_count()); }, 20s))
       << api({"lookup", "--token-range", a.arg()}).dump();
   // Node 3 asks the controller who holds them and pulls from that host.
   r = verify(2, a, true);
   ASSERT_EQ(r.value("exit", -1), 0) << r.dump();
   EXPECT_EQ(retrieved(r).value("pulled", 0), 64) << r.dump();
   EXPECT_EQ(retrieved(r).value("peer", ""), host_of(1).addr + ":" + kP2pPort) << r.dump();
-  say("64 chunks put on node 1, moved to node 2 over UCX tcp, pulled by node 3 (P2P), every byte checked");
+  say("64 chunks put on node 1, moved to node 2 over UCX tcp, pulled by node 3 (P2P), every byte "
+      "checked");
 
   // ---- A link cut mid-move ----------------------------------------------------------------------
   const Range b{1'000'000, 4 * kMoveBatch};  // four of the move's rounds
@@ -339,7 +395,8 @@ TEST_F(MultiHost, ThreeNodesAndAControllerOnSeparateHostsLoseNoChunk) {
   ASSERT_EQ(r.value("chunks", 0), static_cast<int>(b.chunks)) << r.dump();
   const std::vector<std::int64_t> b_hashes = hashes(0, b);
   ASSERT_EQ(b_hashes.size(), b.chunks);
-  ASSERT_TRUE(eventually([&] { return lookup(b) == std::make_pair(nodes_[0].instance, b.token_count()); }, 20s));
+  ASSERT_TRUE(eventually(
+      [&] { return lookup(b) == std::make_pair(nodes_[0].instance, b.token_count()); }, 20s));
   const pid_t source = nodes_[0].process->pid();
   ASSERT_GT(source, 0);
   auto destination = client(1);
@@ -393,7 +450,8 @@ TEST_F(MultiHost, ThreeNodesAndAControllerOnSeparateHostsLoseNoChunk) {
   const Json moved = moving.get();
   const std::size_t confirmed =
       moved.contains("num_tokens") ? moved["num_tokens"].get<std::size_t>() / kChunkTokens : 0;
-  say("the move answered " + moved.dump().substr(0, 200) + ": " + std::to_string(confirmed) + " chunks confirmed");
+  say("the move answered " + moved.dump().substr(0, 200) + ": " + std::to_string(confirmed) +
+      " chunks confirmed");
   ASSERT_TRUE(eventually([&] { return registered(1); }, 30s))
       << "node 2 re-registers once its link is back: " << api({"workers"}).dump();
 
@@ -401,16 +459,20 @@ TEST_F(MultiHost, ThreeNodesAndAControllerOnSeparateHostsLoseNoChunk) {
   // node 2 only.
   const std::vector<bool> b_at_1 = held(0, b_hashes), b_at_2 = held(1, b_hashes);
   for (std::size_t k = 0; k < b.chunks; ++k) {
-    ASSERT_TRUE(b_at_1[k] || b_at_2[k]) << "chunk " << k << " of " << b.chunks << " is lost: at neither node";
+    ASSERT_TRUE(b_at_1[k] || b_at_2[k])
+        << "chunk " << k << " of " << b.chunks << " is lost: at neither node";
     if (k < confirmed) {
       EXPECT_TRUE(b_at_2[k]) << "chunk " << k << " was confirmed but is not at node 2";
-      EXPECT_FALSE(b_at_1[k]) << "chunk " << k << " was confirmed (moved, not copied) but stayed at node 1";
+      EXPECT_FALSE(b_at_1[k]) << "chunk " << k
+                              << " was confirmed (moved, not copied) but stayed at node 1";
     }
   }
-  EXPECT_EQ(bad_bytes(0, b_hashes, b_at_1), std::vector<std::size_t>{}) << "chunks at node 1 whose bytes differ";
-  EXPECT_EQ(bad_bytes(1, b_hashes, b_at_2), std::vector<std::size_t>{}) << "chunks at node 2 whose bytes differ";
-  say("nothing lost: " + std::to_string(count(b_at_1)) + " chunks at node 1, " + std::to_string(count(b_at_2)) +
-      " at node 2, every byte checked");
+  EXPECT_EQ(bad_bytes(0, b_hashes, b_at_1), std::vector<std::size_t>{})
+      << "chunks at node 1 whose bytes differ";
+  EXPECT_EQ(bad_bytes(1, b_hashes, b_at_2), std::vector<std::size_t>{})
+      << "chunks at node 2 whose bytes differ";
+  say("nothing lost: " + std::to_string(count(b_at_1)) + " chunks at node 1, " +
+      std::to_string(count(b_at_2)) + " at node 2, every byte checked");
 
   // The index converges to what the nodes hold.
   std::map<std::string, std::int64_t> expected = {
@@ -422,15 +484,16 @@ TEST_F(MultiHost, ThreeNodesAndAControllerOnSeparateHostsLoseNoChunk) {
   auto b_indexed = [&] {
     const auto [instance, tokens] = lookup(b);
     if (b_best == 0) return tokens == 0;
-    const std::size_t have = instance == nodes_[0].instance ? leading(b_at_1)
+    const std::size_t have = instance == nodes_[0].instance   ? leading(b_at_1)
                              : instance == nodes_[1].instance ? leading(b_at_2)
                                                               : 0;
     return tokens == static_cast<std::int64_t>(b_best * kChunkTokens) && have == b_best;
   };
   ASSERT_TRUE(eventually([&] { return key_counts() == expected && b_indexed(); }, 30s))
       << "the index converges: key-stats " << api({"key-stats"}).dump() << ", lookup "
-      << api({"lookup", "--token-range", b.arg()}).dump() << "; node 1 holds " << count(b_at_1) << " (leading "
-      << leading(b_at_1) << "), node 2 " << count(b_at_2) << " (leading " << leading(b_at_2) << ")";
+      << api({"lookup", "--token-range", b.arg()}).dump() << "; node 1 holds " << count(b_at_1)
+      << " (leading " << leading(b_at_1) << "), node 2 " << count(b_at_2) << " (leading "
+      << leading(b_at_2) << ")";
   say("the index converged");
 
   // ---- Node 3's host disappears and returns -----------------------------------------------------
@@ -438,10 +501,13 @@ TEST_F(MultiHost, ThreeNodesAndAControllerOnSeparateHostsLoseNoChunk) {
   const auto killed_at = Clock::now();
   ASSERT_TRUE(eventually([&] { return gone(2); }, 30s))
       << "the controller reaps node 3: " << api({"workers"}).dump();
-  say("node 3 killed, reaped after " + std::to_string(seconds_since(killed_at)).substr(0, 4) + " s");
+  say("node 3 killed, reaped after " + std::to_string(seconds_since(killed_at)).substr(0, 4) +
+      " s");
   std::erase_if(expected, [&](const auto& e) { return e.first == nodes_[2].instance; });
-  EXPECT_TRUE(eventually([&] { return key_counts() == expected; }, 10s)) << api({"key-stats"}).dump();
-  EXPECT_EQ(lookup(a), std::make_pair(nodes_[1].instance, a.token_count())) << "the lookup no longer names node 3";
+  EXPECT_TRUE(eventually([&] { return key_counts() == expected; }, 10s))
+      << api({"key-stats"}).dump();
+  EXPECT_EQ(lookup(a), std::make_pair(nodes_[1].instance, a.token_count()))
+      << "the lookup no longer names node 3";
   nodes_[2].process->keep_log();
   nodes_[2].process->start();
   ASSERT_TRUE(eventually([&] { return !nodes_[2].process->running() || registered(2); }, 60s) &&
@@ -449,9 +515,11 @@ TEST_F(MultiHost, ThreeNodesAndAControllerOnSeparateHostsLoseNoChunk) {
       << "node 3 returns on the same address and ports: " << api({"workers"}).dump();
   r = verify(2, a, true);
   ASSERT_EQ(r.value("exit", -1), 0) << r.dump();
-  EXPECT_EQ(retrieved(r).value("pulled", 0), 64) << "the returned node 3 starts empty and pulls again: " << r.dump();
+  EXPECT_EQ(retrieved(r).value("pulled", 0), 64)
+      << "the returned node 3 starts empty and pulls again: " << r.dump();
   expected[nodes_[2].instance] = static_cast<std::int64_t>(a.chunks);
-  ASSERT_TRUE(eventually([&] { return key_counts() == expected; }, 20s)) << api({"key-stats"}).dump();
+  ASSERT_TRUE(eventually([&] { return key_counts() == expected; }, 20s))
+      << api({"key-stats"}).dump();
   say("node 3 back, re-registered, pulled 64 chunks from node 2 again");
 
   // ---- The controller's host restarts -----------------------------------------------------------
@@ -470,11 +538,15 @@ TEST_F(MultiHost, ThreeNodesAndAControllerOnSeparateHostsLoseNoChunk) {
   ASSERT_TRUE(eventually([&] { return all_registered(); }, 45s))
       << "the nodes re-register with the restarted controller: " << api({"workers"}).dump();
   const double reregistered = seconds_since(restarted);
-  say("controller restarted; 3 nodes re-registered after " + std::to_string(reregistered).substr(0, 4) + " s" +
-      (reregistered > 10 ? " (a heartbeat lost with the old controller waited out the 30 s request timeout)" : ""));
+  say("controller restarted; 3 nodes re-registered after " +
+      std::to_string(reregistered).substr(0, 4) + " s" +
+      (reregistered > 10
+           ? " (a heartbeat lost with the old controller waited out the 30 s request timeout)"
+           : ""));
   const auto a_indexed = [&] {
     const auto l = lookup(a);
-    return (l.first == nodes_[1].instance || l.first == nodes_[2].instance) && l.second == a.token_count();
+    return (l.first == nodes_[1].instance || l.first == nodes_[2].instance) &&
+           l.second == a.token_count();
   };
   ASSERT_TRUE(eventually(
       [&] {
@@ -492,7 +564,8 @@ TEST_F(MultiHost, ThreeNodesAndAControllerOnSeparateHostsLoseNoChunk) {
   // ---- Everything stops cleanly (SIGTERM: exit 0; under sanitizers, no report) ------------------
   for (std::size_t i = 0; i < 3; ++i) {
     const std::optional<int> code = nodes_[i].process->stop(SIGTERM, 20s);
-    EXPECT_EQ(code, std::optional<int>(0)) << "node " << i + 1 << " " << nodes_[i].process->describe_exit();
+    EXPECT_EQ(code, std::optional<int>(0))
+        << "node " << i + 1 << " " << nodes_[i].process->describe_exit();
   }
   EXPECT_EQ(controller_->stop(SIGTERM, 20s), std::optional<int>(0)) << controller_->describe_exit();
   say("done");

@@ -17,13 +17,12 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "support/child_process.hpp"
 #include "support/process.hpp"
@@ -87,7 +86,8 @@ inline void remove_leftovers() {
       if (name.rfind(kStem, 0) != 0) continue;
       const std::string rest = name.substr(std::strlen(kStem));
       const long pid = std::strtol(rest.c_str(), nullptr, 10);
-      if (pid > 0 && pid != ::getpid() && ::kill(static_cast<pid_t>(pid), 0) != 0) stale.push_back(name);
+      if (pid > 0 && pid != ::getpid() && ::kill(static_cast<pid_t>(pid), 0) != 0)
+        stale.push_back(name);
     }
   }
   for (const std::string& ns : stale) {
@@ -155,7 +155,8 @@ class Topology {
       namespaces_.push_back(h.ns);
       // Both ends are made straight in their namespaces, so their names clash with nothing.
       for (const auto& args : std::vector<std::vector<std::string>>{
-               {"link", "add", kIface, "netns", h.ns, "type", "veth", "peer", "name", h.port, "netns", bridge_ns_},
+               {"link", "add", kIface, "netns", h.ns, "type", "veth", "peer", "name", h.port,
+                "netns", bridge_ns_},
                {"-n", bridge_ns_, "link", "set", h.port, "master", "br0"},
                {"-n", bridge_ns_, "link", "set", h.port, "up"},
                {"-n", h.ns, "addr", "add", h.addr + "/24", "dev", kIface},
@@ -169,7 +170,8 @@ class Topology {
   void teardown() {
     // A namespace outlives its name while processes run in it: kill those first.
     for (auto it = namespaces_.rbegin(); it != namespaces_.rend(); ++it) {
-      const test::ProcessResult pids = test::run_process({ip_binary(), "netns", "pids", *it}, {}, 20s);
+      const test::ProcessResult pids =
+          test::run_process({ip_binary(), "netns", "pids", *it}, {}, 20s);
       std::istringstream in(pids.out);
       for (long pid = 0; in >> pid;)
         if (pid > 1 && pid != ::getpid()) ::kill(static_cast<pid_t>(pid), SIGKILL);
@@ -212,9 +214,7 @@ class HostProcess {
     return eventually([&] { return !process_->running(); }, 10s);
   }
   // Every run's output so far (earlier runs' logs are kept when it restarts).
-  std::string log() const {
-    return earlier_ + (process_ ? process_->output() : std::string());
-  }
+  std::string log() const { return earlier_ + (process_ ? process_->output() : std::string()); }
   void keep_log() {
     if (process_) earlier_ += process_->output() + "---- (restarted) ----\n";
   }
@@ -224,7 +224,8 @@ class HostProcess {
   pid_t pid() const {
     std::string program = argv_[4].substr(argv_[4].rfind('/') + 1);
     program = program.substr(0, 15);  // /proc/PID/comm keeps 15 characters
-    const test::ProcessResult r = test::run_process({ip_binary(), "netns", "pids", host_.ns}, {}, 20s);
+    const test::ProcessResult r =
+        test::run_process({ip_binary(), "netns", "pids", host_.ns}, {}, 20s);
     std::istringstream in(r.out);
     for (long pid = 0; in >> pid;) {
       std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");

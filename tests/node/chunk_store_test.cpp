@@ -1,5 +1,7 @@
 // The chunk store over a real pool: two-phase writes, events in order, LRU eviction that spares
 // pinned and leased chunks, removal under a lease, clear, and many threads at once.
+#include "kvnode/node/chunk_store.hpp"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -7,8 +9,6 @@
 #include <mutex>
 #include <random>
 #include <thread>
-
-#include "kvnode/node/chunk_store.hpp"
 
 namespace kvnode::node {
 namespace {
@@ -162,14 +162,15 @@ TEST(ChunkStore, AFullPoolEvictsTheLeastRecentlyUsedChunkNobodyHolds) {
   ASSERT_TRUE(store.reserve(4));
   ASSERT_TRUE(store.commit(4));
   EXPECT_FALSE(store.contains(2));
-  store.leading(one, "keep");       // 1 pinned
+  store.leading(one, "keep");                  // 1 pinned
   std::optional<Lease> held = store.lease(3);  // 3 being read
-  ASSERT_TRUE(store.reserve(5));    // evicts 4: 3 is leased, 1 pinned
+  ASSERT_TRUE(store.reserve(5));               // evicts 4: 3 is leased, 1 pinned
   EXPECT_FALSE(store.contains(4));
   EXPECT_TRUE(store.contains(3));
   EXPECT_FALSE(store.reserve(6)) << "1 pinned, 3 leased, 5 being written: nothing to evict";
   ASSERT_TRUE(store.commit(5));
-  EXPECT_EQ(rec.events, (Events{{'A', 1}, {'A', 2}, {'A', 3}, {'E', 2}, {'A', 4}, {'E', 4}, {'A', 5}}));
+  EXPECT_EQ(rec.events,
+            (Events{{'A', 1}, {'A', 2}, {'A', 3}, {'E', 2}, {'A', 4}, {'E', 4}, {'A', 5}}));
   EXPECT_EQ(store.counters().evicted_for_space, 2u);
   EXPECT_EQ(store.counters().chunks, 3u);
 }
@@ -283,7 +284,8 @@ TEST(ChunkStore, AWriterEvictsOnlyChunksOlderThanItsTick) {
   // Full of 2, 10, 11, 12, all the writer's own: no room, and nothing evicted for it.
   const Result<gpu::PageId> full = store.reserve(13, since);
   ASSERT_FALSE(full);
-  EXPECT_NE(full.error().message.find("this writer's own chunks"), std::string::npos) << full.error().message;
+  EXPECT_NE(full.error().message.find("this writer's own chunks"), std::string::npos)
+      << full.error().message;
   for (ChunkHash h : {2, 10, 11, 12}) EXPECT_TRUE(store.contains(h)) << h;
   // Any other writer still evicts least recently used first.
   ASSERT_TRUE(store.reserve(13));

@@ -25,19 +25,35 @@ TEST_P(CliFlowTest, PutLookupMoveLookupVerify) {
   const FlowCase& p = GetParam();
   const std::string tag = std::to_string(getpid()) + "-" + p.name;
   const int http = free_port(), pull = free_port(), reply = free_port(), hb = free_port();
-  test::ChildProcess controller({KVCONTROLLER_PATH, "--host", "127.0.0.1", "--port", std::to_string(http), "--chunk-size", "16",
-                                 "--monitor-ports",
-                                 "{\"pull\": " + std::to_string(pull) + ", \"reply\": " + std::to_string(reply) +
+  test::ChildProcess controller({KVCONTROLLER_PATH, "--host", "127.0.0.1", "--port",
+                                 std::to_string(http), "--chunk-size", "16", "--monitor-ports",
+                                 "{\"pull\": " + std::to_string(pull) +
+                                     ", \"reply\": " + std::to_string(reply) +
                                      ", \"heartbeat\": " + std::to_string(hb) + "}"});
   auto node = [&](const std::string& name) {
-    std::vector<std::string> args = {KVNODE_PATH, "--instance-id", name + "-" + tag,
-                                     "--controller-pull-url", "127.0.0.1:" + std::to_string(pull),
-                                     "--controller-reply-url", "127.0.0.1:" + std::to_string(reply),
-                                     "--chunk-bytes", "262144", "--chunk-size", "16",
-                                     "--max-local-cpu-size", "0.01", "--heartbeat-time", "0.5",
-                                     "--full-sync-startup-delay", "0", "--http-port", "-1",
-                                     "--local-socket", "/tmp/kvnode-flow-" + name + "-" + tag + ".sock",
-                                     "--local-staging-mb", "1"};
+    std::vector<std::string> args = {KVNODE_PATH,
+                                     "--instance-id",
+                                     name + "-" + tag,
+                                     "--controller-pull-url",
+                                     "127.0.0.1:" + std::to_string(pull),
+                                     "--controller-reply-url",
+                                     "127.0.0.1:" + std::to_string(reply),
+                                     "--chunk-bytes",
+                                     "262144",
+                                     "--chunk-size",
+                                     "16",
+                                     "--max-local-cpu-size",
+                                     "0.01",
+                                     "--heartbeat-time",
+                                     "0.5",
+                                     "--full-sync-startup-delay",
+                                     "0",
+                                     "--http-port",
+                                     "-1",
+                                     "--local-socket",
+                                     "/tmp/kvnode-flow-" + name + "-" + tag + ".sock",
+                                     "--local-staging-mb",
+                                     "1"};
     if (p.tls) args.insert(args.end(), {"--ucx-tls", p.tls, "--ucx-net-devices", "lo"});
     return std::make_unique<test::ChildProcess>(args);
   };
@@ -54,19 +70,23 @@ TEST_P(CliFlowTest, PutLookupMoveLookupVerify) {
     return eventually(
         [&] {
           auto r = kvctl({"lookup", "--controller", ctl, "--token-range", tokens});
-          return r.exit_code == 0 && r.out.find(who + "  LocalCPUBackend  320 tokens") != std::string::npos;
+          return r.exit_code == 0 &&
+                 r.out.find(who + "  LocalCPUBackend  320 tokens") != std::string::npos;
         },
         30s);
   };
 
-  const std::string sock_a = "/tmp/kvnode-flow-A-" + tag + ".sock", sock_b = "/tmp/kvnode-flow-B-" + tag + ".sock";
-  ASSERT_TRUE(eventually([&] { return access(sock_a.c_str(), F_OK) == 0 && access(sock_b.c_str(), F_OK) == 0; }, 30s))
+  const std::string sock_a = "/tmp/kvnode-flow-A-" + tag + ".sock",
+                    sock_b = "/tmp/kvnode-flow-B-" + tag + ".sock";
+  ASSERT_TRUE(eventually(
+      [&] { return access(sock_a.c_str(), F_OK) == 0 && access(sock_b.c_str(), F_OK) == 0; }, 30s))
       << a->output() << b->output();
   // Both registered: a move to an instance the controller does not know yet is a 404.
   ASSERT_TRUE(eventually(
       [&] {
         const auto r = kvctl({"workers", "--controller", ctl});
-        return r.out.find('"' + a_id + '"') != std::string::npos && r.out.find('"' + b_id + '"') != std::string::npos;
+        return r.out.find('"' + a_id + '"') != std::string::npos &&
+               r.out.find('"' + b_id + '"') != std::string::npos;
       },
       30s))
       << controller.output();
@@ -75,8 +95,8 @@ TEST_P(CliFlowTest, PutLookupMoveLookupVerify) {
   EXPECT_NE(put.out.find("stored 20 chunks"), std::string::npos) << put.out;
   ASSERT_TRUE(lookup_names(a_id)) << controller.output();
 
-  std::vector<std::string> move = {"move", "--controller", ctl, "--from", a_id, "--to", b_id, "--token-range", tokens,
-                                   "--json"};
+  std::vector<std::string> move = {"move", "--controller",  ctl,    "--from", a_id, "--to",
+                                   b_id,   "--token-range", tokens, "--json"};
   if (p.copy) move.push_back("--copy");
   auto moved = kvctl(move);
   ASSERT_EQ(moved.exit_code, 0) << moved.out << moved.err << a->output();
@@ -114,7 +134,8 @@ TEST_P(CliFlowTest, PutLookupMoveLookupVerify) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, CliFlowTest,
-                         ::testing::Values(FlowCase{"tcp_move", "tcp", false}, FlowCase{"tcp_copy", "tcp", true},
+                         ::testing::Values(FlowCase{"tcp_move", "tcp", false},
+                                           FlowCase{"tcp_copy", "tcp", true},
                                            FlowCase{"default_move", nullptr, false},
                                            FlowCase{"default_copy", nullptr, true}),
                          [](const auto& info) { return std::string(info.param.name); });

@@ -76,7 +76,8 @@ Fault FakeNetwork::begin(Call& call, Node* node_out, bool* reachable) {
 }
 
 transfer::TransferResult FakeNetwork::copy(const std::string& from, const std::string& to,
-                                           Kind kind, const std::vector<transfer::PageCopy>& pages) {
+                                           Kind kind,
+                                           const std::vector<transfer::PageCopy>& pages) {
   transfer::TransferResult r;
   r.done.assign(pages.size(), 0);
   Call call{from, to, kind, 0, {}, pages.size()};
@@ -94,7 +95,8 @@ transfer::TransferResult FakeNetwork::copy(const std::string& from, const std::s
   }
   const bool partial = f.what == Fault::What::kPartial;
   for (std::size_t i = 0; i < pages.size(); ++i) {
-    const bool arrives = !partial || (f.arrive.empty() ? i < f.done : i < f.arrive.size() && f.arrive[i]);
+    const bool arrives =
+        !partial || (f.arrive.empty() ? i < f.done : i < f.arrive.size() && f.arrive[i]);
     if (!arrives) continue;
     std::byte* local = self.pool->page(pages[i].local);
     std::byte* remote = peer.pool->page(pages[i].remote);
@@ -144,7 +146,8 @@ std::optional<peer::Op> op_of(const Call& call) {
   return peer::op_of(*r);
 }
 
-std::function<Fault(const Call&)> at(Kind kind, std::size_t n, Fault f, std::optional<peer::Op> op) {
+std::function<Fault(const Call&)> at(Kind kind, std::size_t n, Fault f,
+                                     std::optional<peer::Op> op) {
   auto seen = std::make_shared<std::size_t>(0);
   return [=](const Call& call) {
     if (call.kind != kind || (op && op_of(call) != op)) return Fault{};
@@ -176,7 +179,9 @@ FakeNode::FakeNode(FakeNetwork& network, std::string u, std::size_t pages, PeerM
   });
 }
 
-bool FakeNode::put(ChunkHash h) { return engine.put(h, pattern(h)).ok(); }
+bool FakeNode::put(ChunkHash h) {
+  return engine.put(h, pattern(h)).ok();
+}
 
 bool FakeNode::intact(ChunkHash h) {
   std::vector<std::byte> out(kPageBytes);

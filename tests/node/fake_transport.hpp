@@ -7,9 +7,9 @@
 #pragma once
 
 #include <atomic>
-#include <cstdint>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -34,7 +34,7 @@ struct Call {
   std::string from{};
   std::string to{};
   Kind kind = Kind::kAsk;
-  std::size_t nth = 0;                  // this call's number among all calls, from 0
+  std::size_t nth = 0;                   // this call's number among all calls, from 0
   std::span<const std::byte> request{};  // kAsk: the encoded request
   std::size_t pages = 0;                 // kPull, kPush
 };

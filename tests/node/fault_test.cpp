@@ -26,10 +26,13 @@ namespace {
 using namespace rig;
 using test::ChildProcess;
 
-std::string loopback(int port) { return "127.0.0.1:" + std::to_string(port); }
+std::string loopback(int port) {
+  return "127.0.0.1:" + std::to_string(port);
+}
 
 // JSON over HTTP; a reply that is not a 200 comes back as {"failed": ..., "status": ...}.
-Json post_json(int port, const std::string& path, const Json& body, std::chrono::seconds patience = 30s) {
+Json post_json(int port, const std::string& path, const Json& body,
+               std::chrono::seconds patience = 30s) {
   httplib::Client http("127.0.0.1", port);
   http.set_connection_timeout(2s);
   http.set_read_timeout(patience);
@@ -56,7 +59,8 @@ double sample(const std::string& text, const std::string& name) {
     std::size_t end = text.find('\n', at);
     if (end == std::string::npos) end = text.size();
     const std::string_view line(text.data() + at, end - at);
-    if (line.size() > name.size() && line.substr(0, name.size()) == name && line[name.size()] == ' ')
+    if (line.size() > name.size() && line.substr(0, name.size()) == name &&
+        line[name.size()] == ' ')
       return std::stod(std::string(line.substr(name.size() + 1)));
     at = end + 1;
   }
@@ -69,15 +73,19 @@ std::vector<std::int64_t> token_range(std::size_t chunks, std::int64_t first) {
   return t;
 }
 
-Json move_body(const std::string& from, const std::string& to, const std::vector<std::int64_t>& tokens,
-               bool copy) {
-  return Json{{"old_position", {from, kCpu}}, {"new_position", {to, kCpu}}, {"tokens", tokens},
+Json move_body(const std::string& from, const std::string& to,
+               const std::vector<std::int64_t>& tokens, bool copy) {
+  return Json{{"old_position", {from, kCpu}},
+              {"new_position", {to, kCpu}},
+              {"tokens", tokens},
               {"should_copy", copy}};
 }
 
 // msgpack by hand, for messages the encoder would never write: a short string, and a map of
 // short keys to already-encoded values.
-std::string fixstr(std::string_view s) { return static_cast<char>(0xa0 | s.size()) + std::string(s); }
+std::string fixstr(std::string_view s) {
+  return static_cast<char>(0xa0 | s.size()) + std::string(s);
+}
 std::string pack_map(const std::vector<std::pair<std::string, std::string>>& entries) {
   std::string out(1, static_cast<char>(0x80 | entries.size()));
   for (const auto& [key, value] : entries) out += fixstr(key) + value;
@@ -86,7 +94,8 @@ std::string pack_map(const std::vector<std::pair<std::string, std::string>>& ent
 
 // Chunks the move's reply says the destination took (a reply with an error: none).
 std::size_t confirmed_chunks(const Json& reply) {
-  if (!reply.is_object() || !reply.contains("num_tokens") || !reply["num_tokens"].is_number_integer())
+  if (!reply.is_object() || !reply.contains("num_tokens") ||
+      !reply["num_tokens"].is_number_integer())
     return 0;
   return reply["num_tokens"].get<std::size_t>() / 256;
 }
@@ -96,12 +105,32 @@ class KvnodeProcess {
  public:
   KvnodeProcess(const std::string& instance, const controller::BoundPorts& ctl, const char* tls,
                 double gigabytes)
-      : instance_(instance), ports_(free_ports(3)), worker_port_(ports_[0]), p2p_port_(ports_[1]), http_port_(ports_[2]) {
-    argv_ = {KVNODE_PATH, "--instance-id", instance, "--controller-pull-url", loopback(ctl.pull),
-             "--controller-reply-url", loopback(ctl.reply), "--worker-ports", std::to_string(worker_port_),
-             "--p2p-init-ports", std::to_string(p2p_port_), "--http-port", std::to_string(http_port_),
-             "--chunk-bytes", std::to_string(kChunkBytes), "--max-local-cpu-size", std::to_string(gigabytes),
-             "--heartbeat-time", "0.2", "--log-level", "warn"};
+      : instance_(instance),
+        ports_(free_ports(3)),
+        worker_port_(ports_[0]),
+        p2p_port_(ports_[1]),
+        http_port_(ports_[2]) {
+    argv_ = {KVNODE_PATH,
+             "--instance-id",
+             instance,
+             "--controller-pull-url",
+             loopback(ctl.pull),
+             "--controller-reply-url",
+             loopback(ctl.reply),
+             "--worker-ports",
+             std::to_string(worker_port_),
+             "--p2p-init-ports",
+             std::to_string(p2p_port_),
+             "--http-port",
+             std::to_string(http_port_),
+             "--chunk-bytes",
+             std::to_string(kChunkBytes),
+             "--max-local-cpu-size",
+             std::to_string(gigabytes),
+             "--heartbeat-time",
+             "0.2",
+             "--log-level",
+             "warn"};
     if (tls) argv_.insert(argv_.end(), {"--ucx-tls", tls, "--ucx-net-devices", "lo"});
   }
   // A clean stop: the node de-registers and releases what it named after itself (its local
@@ -117,11 +146,14 @@ class KvnodeProcess {
   // Up, registered, and heartbeating: the controller reaps only a worker it has heard a
   // heartbeat from (one that never sends any has heartbeats off, as LMCache's default).
   bool ready() {
-    return eventually([&] {
-      const Json h = get_json(http_port_, "/health");
-      return !running() || (h.is_object() && h.value("registered", false) &&
-                            metric("kvnode_controller_heartbeats_total") >= 1);
-    }, 30s) && running();
+    return eventually(
+               [&] {
+                 const Json h = get_json(http_port_, "/health");
+                 return !running() || (h.is_object() && h.value("registered", false) &&
+                                       metric("kvnode_controller_heartbeats_total") >= 1);
+               },
+               30s) &&
+           running();
   }
   bool running() { return process_ && process_->running(); }
   void signal(int sig) { process_->signal(sig); }
@@ -152,7 +184,9 @@ class KvnodeProcess {
 
 // Instance ids are unique per test process: a kvnode process names host-wide resources (its
 // local socket, its shared pool) after its instance, and ctest runs tests side by side.
-std::string unique_instance(const std::string& base) { return base + "-" + std::to_string(::getpid()); }
+std::string unique_instance(const std::string& base) {
+  return base + "-" + std::to_string(::getpid());
+}
 
 // ---- A move's destination dies --------------------------------------------------------------
 
@@ -181,7 +215,8 @@ TEST_P(FaultMove, ADeadDestinationLosesNoUnconfirmedChunkAndComesBackOnTheSamePo
 
   // A warm-up move: A has a session to B, and the controller indexes chunks at B.
   const std::vector<std::int64_t> warm = token_range(4, 1'000'000);
-  for (ChunkHash h : a.engine().hashes(warm).value()) ASSERT_TRUE(a.engine().put(h, chunk_bytes(h)));
+  for (ChunkHash h : a.engine().hashes(warm).value())
+    ASSERT_TRUE(a.engine().put(h, chunk_bytes(h)));
   Json r = post_json(http, "/move", move_body(a.instance(), b.instance(), warm, true));
   ASSERT_EQ(r.value("num_tokens", -1), 1024) << r.dump() << b.log();
   ASSERT_TRUE(eventually([&] {
@@ -223,10 +258,12 @@ TEST_P(FaultMove, ADeadDestinationLosesNoUnconfirmedChunkAndComesBackOnTheSamePo
       std::this_thread::sleep_for(1ms);
     }
     ASSERT_TRUE(killed) << "the move ended before B could be killed under it: "
-                        << (move.wait_for(0s) == std::future_status::ready ? move.get().dump() : "");
+                        << (move.wait_for(0s) == std::future_status::ready ? move.get().dump()
+                                                                           : "");
   }
   ASSERT_EQ(move.wait_for(30s), std::future_status::ready) << "the move never answered";
-  const auto answered_in = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - killed_at);
+  const auto answered_in =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - killed_at);
   const Json moved = move.get();
   const std::size_t confirmed = confirmed_chunks(moved);
   std::cout << "[ fault    ] " << (tls ? tls : "shm") << ": the move answered "
@@ -236,7 +273,8 @@ TEST_P(FaultMove, ADeadDestinationLosesNoUnconfirmedChunkAndComesBackOnTheSamePo
   if (moved.contains("num_tokens")) {
     EXPECT_EQ(moved["num_tokens"].get<std::size_t>() % 256, 0u) << moved.dump();
   }
-  EXPECT_LT(confirmed, n) << "B died before the move ended, so it cannot have confirmed all: " << moved.dump();
+  EXPECT_LT(confirmed, n) << "B died before the move ended, so it cannot have confirmed all: "
+                          << moved.dump();
   // Killed mid-move, B had confirmed the first batch, but those chunks died with it: the source
   // asks what the destination still holds before it evicts anything, gets no answer, and keeps
   // every chunk (evicting what B confirmed would have lost them).
@@ -247,10 +285,12 @@ TEST_P(FaultMove, ADeadDestinationLosesNoUnconfirmedChunkAndComesBackOnTheSamePo
   std::vector<std::byte> out(kChunkBytes);
   for (std::size_t i = 0; i < n; ++i) {
     if (i < confirmed) {
-      EXPECT_FALSE(a.store().contains(hashes[i])) << "confirmed chunk " << i << " stayed at the source";
+      EXPECT_FALSE(a.store().contains(hashes[i]))
+          << "confirmed chunk " << i << " stayed at the source";
       continue;
     }
-    ASSERT_TRUE(a.store().contains(hashes[i])) << "unconfirmed chunk " << i << " of " << n << " lost";
+    ASSERT_TRUE(a.store().contains(hashes[i]))
+        << "unconfirmed chunk " << i << " of " << n << " lost";
     ASSERT_EQ(a.engine().get(hashes[i], out).value(), kChunkBytes);
     ASSERT_TRUE(out == chunk_bytes(hashes[i])) << "chunk " << i << "'s bytes";
   }
@@ -258,17 +298,25 @@ TEST_P(FaultMove, ADeadDestinationLosesNoUnconfirmedChunkAndComesBackOnTheSamePo
   EXPECT_EQ(a.store().counters().reserved, 0u);
 
   // The controller reaps B: its registration goes, and lookups stop naming it.
-  ASSERT_TRUE(eventually([&] {
-    return get_json(http, "/controller/workers?instance_id=" + b.instance()).value("status", 200) == 404;
-  }, 30s)) << get_json(http, "/controller/workers").dump();
-  EXPECT_FALSE(post_json(http, "/lookup", Json{{"tokens", warm}})["layout_info"].contains(b.instance()));
-  const std::vector<std::int64_t> head(tokens.begin(), tokens.begin() + 2 * 256);  // lookups walk from chunk 0
-  EXPECT_FALSE(post_json(http, "/lookup", Json{{"tokens", head}})["layout_info"].contains(b.instance()));
+  ASSERT_TRUE(eventually(
+      [&] {
+        return get_json(http, "/controller/workers?instance_id=" + b.instance())
+                   .value("status", 200) == 404;
+      },
+      30s))
+      << get_json(http, "/controller/workers").dump();
+  EXPECT_FALSE(
+      post_json(http, "/lookup", Json{{"tokens", warm}})["layout_info"].contains(b.instance()));
+  const std::vector<std::int64_t> head(tokens.begin(),
+                                       tokens.begin() + 2 * 256);  // lookups walk from chunk 0
+  EXPECT_FALSE(
+      post_json(http, "/lookup", Json{{"tokens", head}})["layout_info"].contains(b.instance()));
 
   // B again, same instance and ports: it registers, and a new move to it carries every byte.
   b.start();
   ASSERT_TRUE(b.ready()) << b.log();
-  const Json info = get_json(http, "/controller/workers?instance_id=" + b.instance() + "&worker_id=0");
+  const Json info =
+      get_json(http, "/controller/workers?instance_id=" + b.instance() + "&worker_id=0");
   EXPECT_EQ(info.value("peer_init_url", ""), b.peer_init_url()) << info.dump();
   EXPECT_EQ(info.value("port", 0), b.worker_port()) << info.dump();
   const std::vector<std::int64_t> fresh = token_range(16, 3'000'000);
@@ -277,27 +325,33 @@ TEST_P(FaultMove, ADeadDestinationLosesNoUnconfirmedChunkAndComesBackOnTheSamePo
   r = post_json(http, "/move", move_body(a.instance(), b.instance(), fresh, false));
   ASSERT_EQ(r.value("num_tokens", -1), 16 * 256) << r.dump() << b.log();
   for (ChunkHash h : fresh_hashes) EXPECT_FALSE(a.store().contains(h));
-  EXPECT_EQ(b.metric("kvnode_chunks{location=\"LocalCPUBackend\"}"), 16) << "a restarted node starts empty";
+  EXPECT_EQ(b.metric("kvnode_chunks{location=\"LocalCPUBackend\"}"), 16)
+      << "a restarted node starts empty";
   // Back to A (a copy): the bytes went through B's memory intact.
   r = post_json(http, "/move", move_body(b.instance(), a.instance(), fresh, true));
   ASSERT_EQ(r.value("num_tokens", -1), 16 * 256) << r.dump() << b.log();
   for (ChunkHash h : fresh_hashes) {
     ASSERT_EQ(a.engine().get(h, out).value(), kChunkBytes);
-    ASSERT_TRUE(out == chunk_bytes(h)) << "chunk " << h << " after a round trip through the restarted B";
+    ASSERT_TRUE(out == chunk_bytes(h))
+        << "chunk " << h << " after a round trip through the restarted B";
   }
   ASSERT_TRUE(eventually([&] {
-    return post_json(http, "/lookup", Json{{"tokens", fresh}})["layout_info"].contains(b.instance());
+    return post_json(http, "/lookup", Json{{"tokens", fresh}})["layout_info"].contains(
+        b.instance());
   })) << "the restarted B's chunks are indexed";
   EXPECT_EQ(b.stop(), 0) << b.log();
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Fault, FaultMove,
-    ::testing::Combine(::testing::Values("tcp", nullptr), ::testing::Values(Kill::kBeforeTheMove, Kill::kWhileItRuns)),
-    [](const auto& info) {
-      return std::string(std::get<0>(info.param) ? "tcp" : "shm") +
-             (std::get<1>(info.param) == Kill::kBeforeTheMove ? "_KilledBeforeTheMove" : "_KilledWhileItRuns");
-    });
+INSTANTIATE_TEST_SUITE_P(Fault, FaultMove,
+                         ::testing::Combine(::testing::Values("tcp", nullptr),
+                                            ::testing::Values(Kill::kBeforeTheMove,
+                                                              Kill::kWhileItRuns)),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param) ? "tcp" : "shm") +
+                                  (std::get<1>(info.param) == Kill::kBeforeTheMove
+                                       ? "_KilledBeforeTheMove"
+                                       : "_KilledWhileItRuns");
+                         });
 
 // ---- The controller dies --------------------------------------------------------------------
 
@@ -309,11 +363,24 @@ TEST(FaultTest, ARestartedControllerIndexesEveryChunkAgain) {
   ports.heartbeat = chosen[2];
   ports.http = chosen[3];
   const std::vector<std::string> argv = {
-      KVCONTROLLER_PATH, "--host", "127.0.0.1", "--port", std::to_string(ports.http), "--monitor-ports",
+      KVCONTROLLER_PATH,
+      "--host",
+      "127.0.0.1",
+      "--port",
+      std::to_string(ports.http),
+      "--monitor-ports",
       Json{{"pull", ports.pull}, {"reply", ports.reply}, {"heartbeat", ports.heartbeat}}.dump(),
-      "--health-check-interval", "1", "--lmcache-worker-timeout", "10", "--log-level", "warn"};
+      "--health-check-interval",
+      "1",
+      "--lmcache-worker-timeout",
+      "10",
+      "--log-level",
+      "warn"};
   auto controller = std::make_unique<ChildProcess>(argv);
-  auto up = [&] { return eventually([&] { return !get_json(ports.http, "/controller/workers").contains("failed"); }, 30s); };
+  auto up = [&] {
+    return eventually(
+        [&] { return !get_json(ports.http, "/controller/workers").contains("failed"); }, 30s);
+  };
   ASSERT_TRUE(up()) << controller->output();
 
   // Nodes that notice a dead controller within a second (request timeout) rather than five.
@@ -344,8 +411,11 @@ TEST(FaultTest, ARestartedControllerIndexesEveryChunkAgain) {
     const Json want{{h.node->instance(), {kCpu, static_cast<std::int64_t>(h.chunks * 256)}}};
     return lookup(h) == want;
   };
-  auto total_keys = [&] { return get_json(ports.http, "/controller/key-stats").value("total_key_count", -1); };
-  ASSERT_TRUE(eventually([&] { return indexed(held[0]) && indexed(held[1]); })) << lookup(held[0]) << lookup(held[1]);
+  auto total_keys = [&] {
+    return get_json(ports.http, "/controller/key-stats").value("total_key_count", -1);
+  };
+  ASSERT_TRUE(eventually([&] { return indexed(held[0]) && indexed(held[1]); }))
+      << lookup(held[0]) << lookup(held[1]);
   EXPECT_EQ(total_keys(), 22);
 
   controller->signal(SIGKILL);
@@ -364,17 +434,22 @@ TEST(FaultTest, ARestartedControllerIndexesEveryChunkAgain) {
   controller = std::make_unique<ChildProcess>(argv);  // the same ports
   ASSERT_TRUE(up()) << controller->output();
   const auto restarted = Clock::now();
-  ASSERT_TRUE(eventually([&] {
-    return a.agent().counters().full_syncs_completed > syncs_a && b.agent().counters().full_syncs_completed > syncs_b;
-  }, 30s)) << "the nodes re-register through heartbeats and run a full sync";
+  ASSERT_TRUE(eventually(
+      [&] {
+        return a.agent().counters().full_syncs_completed > syncs_a &&
+               b.agent().counters().full_syncs_completed > syncs_b;
+      },
+      30s))
+      << "the nodes re-register through heartbeats and run a full sync";
   EXPECT_TRUE(eventually([&] { return indexed(held[0]) && indexed(held[1]) && indexed(held[2]); }))
       << lookup(held[0]) << lookup(held[1]) << lookup(held[2]);
   EXPECT_EQ(total_keys(), 12 + 8 + 5) << "every chunk held, and none that is not";
   const Json workers = get_json(ports.http, "/controller/workers");
   EXPECT_EQ(workers.value("total_count", -1), 2) << workers.dump();
-  std::cout << "[ fault    ] the restarted controller indexed every chunk "
-            << std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - restarted).count()
-            << " ms after it came up\n";
+  std::cout
+      << "[ fault    ] the restarted controller indexed every chunk "
+      << std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - restarted).count()
+      << " ms after it came up\n";
 }
 
 // ---- Bad requests on a node's REP port -------------------------------------------------------
@@ -382,13 +457,15 @@ TEST(FaultTest, ARestartedControllerIndexesEveryChunkAgain) {
 // A REQ client of the node's REP port.
 class ReqClient {
  public:
-  explicit ReqClient(int port, std::chrono::milliseconds patience = 10s) : port_(port), patience_(patience) {
+  explicit ReqClient(int port, std::chrono::milliseconds patience = 10s)
+      : port_(port), patience_(patience) {
     reconnect();
   }
   // Sends `frames` as one request; the reply, or nullopt when none came in time.
   std::optional<std::string> ask(const std::vector<std::string>& frames) {
     for (std::size_t i = 0; i < frames.size(); ++i)
-      socket_->send(zmq::buffer(frames[i]), i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+      socket_->send(zmq::buffer(frames[i]),
+                    i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
     zmq::message_t reply;
     if (!socket_->recv(reply)) {
       reconnect();  // a REQ socket without its answer cannot ask again
@@ -423,7 +500,8 @@ TEST(FaultTest, BadRequestsOnANodesRepPortAreAnsweredAndTheNodeKeepsServing) {
     ++asked;
     const auto start = Clock::now();
     const std::optional<std::string> reply = client.ask(frames);
-    EXPECT_LT(Clock::now() - start, 5s) << "slow answer to a " << frames.back().size() << "-byte request";
+    EXPECT_LT(Clock::now() - start, 5s)
+        << "slow answer to a " << frames.back().size() << "-byte request";
     if (!reply) {
       ADD_FAILURE() << "no reply to a " << frames.back().size() << "-byte request";
       return wire::ErrorMsg{"no reply"};
@@ -442,9 +520,14 @@ TEST(FaultTest, BadRequestsOnANodesRepPortAreAnsweredAndTheNodeKeepsServing) {
     return e ? e->error : "not an ErrorMsg but a " + std::string(wire::tag_of(m));
   };
   auto tokens_of = [&](const wire::Msg& m) -> std::int64_t {
-    return std::visit([](const auto& r) -> std::int64_t {
-      if constexpr (requires { r.num_tokens; }) return r.num_tokens; else return -1;
-    }, m);
+    return std::visit(
+        [](const auto& r) -> std::int64_t {
+          if constexpr (requires { r.num_tokens; })
+            return r.num_tokens;
+          else
+            return -1;
+        },
+        m);
   };
   const std::string health = wire::encode(wire::HealthWorkerMsg{"h"});
   auto healthy = [&] {
@@ -456,9 +539,12 @@ TEST(FaultTest, BadRequestsOnANodesRepPortAreAnsweredAndTheNodeKeepsServing) {
 
   // Not msgpack, or msgpack that is not a message.
   for (const std::string& bad :
-       {std::string("\xc1 not msgpack"), std::string(), std::string("\x2a"), std::string("\x93\x01\x02\x03"),
-        std::string("\x81\xa1" "a\x01"), pack_map({{"type", fixstr("NoSuchMsg")}}),
-        pack_map({{"type", "\x01"}}), std::string("{\"type\": 1"), std::string("\xff\xff\xff\xff")}) {
+       {std::string("\xc1 not msgpack"), std::string(), std::string("\x2a"),
+        std::string("\x93\x01\x02\x03"),
+        std::string("\x81\xa1"
+                    "a\x01"),
+        pack_map({{"type", fixstr("NoSuchMsg")}}), pack_map({{"type", "\x01"}}),
+        std::string("{\"type\": 1"), std::string("\xff\xff\xff\xff")}) {
     EXPECT_FALSE(error_of(bad).empty()) << "an ErrorMsg for " << bad.size() << " bytes";
   }
   // Messages of the wrong type for this port, and control messages with wrong or missing fields.
@@ -466,16 +552,20 @@ TEST(FaultTest, BadRequestsOnANodesRepPortAreAnsweredAndTheNodeKeepsServing) {
             "Unknown message: " + wire::python_class_text("LookupMsg"));
   EXPECT_EQ(error_of(wire::encode(wire::ErrorMsg{"a reply is no request"})),
             "Unknown message: " + wire::python_class_text("ErrorMsg"));
-  const std::string wrong_type = error_of(pack_map(
-      {{"type", fixstr("ClearWorkerMsg")}, {"worker_event_id", fixstr("e")}, {"location", "\x05"}}));
+  const std::string wrong_type = error_of(pack_map({{"type", fixstr("ClearWorkerMsg")},
+                                                    {"worker_event_id", fixstr("e")},
+                                                    {"location", "\x05"}}));
   EXPECT_NE(wrong_type.find("Expected `str`, got `int`"), std::string::npos) << wrong_type;
   EXPECT_NE(wrong_type.find("$.location"), std::string::npos) << wrong_type;
-  const std::string missing = error_of(pack_map({{"type", fixstr("ClearWorkerMsg")}, {"worker_event_id", fixstr("e")}}));
+  const std::string missing =
+      error_of(pack_map({{"type", fixstr("ClearWorkerMsg")}, {"worker_event_id", fixstr("e")}}));
   EXPECT_NE(missing.find("location"), std::string::npos) << missing;
-  EXPECT_NE(error_of(wire::encode(wire::CompressWorkerMsg{"z", "cachegen", kCpu, std::nullopt})).find("not supported"),
+  EXPECT_NE(error_of(wire::encode(wire::CompressWorkerMsg{"z", "cachegen", kCpu, std::nullopt}))
+                .find("not supported"),
             std::string::npos);
   EXPECT_FALSE(error_of(wire::encode(wire::CheckFinishWorkerMsg{"cf"})).empty());
-  EXPECT_NE(error_of(wire::encode(wire::MoveWorkerMsg{"m3", kCpu, {"127.0.0.1:1", "LocalDiskBackend"}, {{1, 2}}, false}))
+  EXPECT_NE(error_of(wire::encode(wire::MoveWorkerMsg{
+                         "m3", kCpu, {"127.0.0.1:1", "LocalDiskBackend"}, {{1, 2}}, false}))
                 .find("LocalCPUBackend"),
             std::string::npos);
 
@@ -484,19 +574,24 @@ TEST(FaultTest, BadRequestsOnANodesRepPortAreAnsweredAndTheNodeKeepsServing) {
   std::iota(tokens.begin(), tokens.end(), 0);
   for (const std::string& whole :
        {wire::encode(wire::MoveWorkerMsg{"m1", kCpu, {"127.0.0.1:1", kCpu}, tokens, false}),
-        wire::encode(wire::ClearWorkerMsg{"c1", kCpu}), wire::encode(wire::PinWorkerMsg{"p1", kCpu, tokens}), health,
+        wire::encode(wire::ClearWorkerMsg{"c1", kCpu}),
+        wire::encode(wire::PinWorkerMsg{"p1", kCpu, tokens}), health,
         std::string(R"({"type": "HealthWorkerMsg", "worker_event_id": "j1"})")}) {
     for (std::size_t len = 1; len < whole.size(); ++len) {
       const std::string error = error_of(whole.substr(0, len));
-      if (error.starts_with("not an ErrorMsg")) ADD_FAILURE() << whole.size() << "-byte message cut to " << len << ": " << error;
+      if (error.starts_with("not an ErrorMsg"))
+        ADD_FAILURE() << whole.size() << "-byte message cut to " << len << ": " << error;
     }
   }
 
   // Hostile lengths and nesting: refused at once, nothing allocated for them.
   for (const std::string& hostile :
-       {std::string("\xdd\xff\xff\xff\xff"), std::string("\xdf\xff\xff\xff\xff"), std::string("\xdb\xff\xff\xff\xff"),
-        std::string("\xc6\xff\xff\xff\xff"), std::string(100000, '\x91') + "\x01",
-        pack_map({{"type", fixstr("PinWorkerMsg")}, {"worker_event_id", fixstr("p")}, {"location", fixstr(kCpu)},
+       {std::string("\xdd\xff\xff\xff\xff"), std::string("\xdf\xff\xff\xff\xff"),
+        std::string("\xdb\xff\xff\xff\xff"), std::string("\xc6\xff\xff\xff\xff"),
+        std::string(100000, '\x91') + "\x01",
+        pack_map({{"type", fixstr("PinWorkerMsg")},
+                  {"worker_event_id", fixstr("p")},
+                  {"location", fixstr(kCpu)},
                   {"tokens", "\xdd\xff\xff\xff\xff"}})}) {
     EXPECT_FALSE(error_of(hostile).starts_with("not an ErrorMsg")) << hostile.size() << " bytes";
   }
@@ -504,13 +599,20 @@ TEST(FaultTest, BadRequestsOnANodesRepPortAreAnsweredAndTheNodeKeepsServing) {
   // What LMCache's worker answers: 0 tokens for another location or chunks not held, unknown
   // keys ignored, JSON accepted, a request in several frames read from its last.
   EXPECT_EQ(tokens_of(ask({wire::encode(wire::ClearWorkerMsg{"c2", "LocalDiskBackend"})})), 0);
-  EXPECT_EQ(tokens_of(ask({pack_map({{"type", fixstr("ClearWorkerMsg")}, {"worker_event_id", fixstr("c3")},
-                                     {"location", fixstr(kCpu)}, {"extra", "\x01"}})})),
+  EXPECT_EQ(tokens_of(ask({pack_map({{"type", fixstr("ClearWorkerMsg")},
+                                     {"worker_event_id", fixstr("c3")},
+                                     {"location", fixstr(kCpu)},
+                                     {"extra", "\x01"}})})),
             0);
   EXPECT_EQ(tokens_of(ask({wire::encode(wire::PinWorkerMsg{"p2", kCpu, tokens})})), 0);
-  EXPECT_EQ(tokens_of(ask({wire::encode(wire::MoveWorkerMsg{"m2", "LocalDiskBackend", {"127.0.0.1:1", kCpu}, tokens, false})})), 0);
-  EXPECT_EQ(tokens_of(ask({wire::encode(wire::MoveWorkerMsg{"m4", kCpu, {"127.0.0.1:1", kCpu}, tokens, false})})), 0);
-  EXPECT_TRUE(std::holds_alternative<wire::HealthWorkerRetMsg>(ask({R"({"type": "HealthWorkerMsg", "worker_event_id": "j2"})"})));
+  EXPECT_EQ(tokens_of(ask({wire::encode(wire::MoveWorkerMsg{
+                "m2", "LocalDiskBackend", {"127.0.0.1:1", kCpu}, tokens, false})})),
+            0);
+  EXPECT_EQ(tokens_of(ask({wire::encode(
+                wire::MoveWorkerMsg{"m4", kCpu, {"127.0.0.1:1", kCpu}, tokens, false})})),
+            0);
+  EXPECT_TRUE(std::holds_alternative<wire::HealthWorkerRetMsg>(
+      ask({R"({"type": "HealthWorkerMsg", "worker_event_id": "j2"})"})));
   EXPECT_TRUE(std::holds_alternative<wire::HealthWorkerRetMsg>(ask({"garbage", health})));
   EXPECT_TRUE(std::holds_alternative<wire::ErrorMsg>(ask({health, "garbage"})));
 
@@ -528,8 +630,9 @@ TEST(FaultTest, BadRequestsOnANodesRepPortAreAnsweredAndTheNodeKeepsServing) {
   EXPECT_TRUE(eventually([&] {
     return node.metric("kvnode_control_requests_total") == static_cast<double>(asked) &&
            node.metric("kvnode_control_errors_total") == static_cast<double>(errors);
-  })) << node.metric("kvnode_control_requests_total") << " requests, " << node.metric("kvnode_control_errors_total")
-      << " errors; asked " << asked << ", " << errors << " errors";
+  })) << node.metric("kvnode_control_requests_total")
+      << " requests, " << node.metric("kvnode_control_errors_total") << " errors; asked " << asked
+      << ", " << errors << " errors";
   const Json h = post_json(ctl->ports().http, "/health", Json{{"instance_id", node.instance()}});
   EXPECT_EQ(h["error_codes"], Json({{"0", 0}})) << h.dump();
   EXPECT_TRUE(node.running()) << node.log();
@@ -565,7 +668,8 @@ TEST(FaultTest, AMessageWithoutTheReqEnvelopeCostsNoOtherClientItsReply) {
       if (!client.ask({health})) ++lost;
   }
   EXPECT_EQ(lost, 0) << "valid requests that got no reply";
-  const Json h = post_json(ctl->ports().http, "/health", Json{{"instance_id", node.instance()}}, 60s);
+  const Json h =
+      post_json(ctl->ports().http, "/health", Json{{"instance_id", node.instance()}}, 60s);
   EXPECT_EQ(h["error_codes"], Json({{"0", 0}})) << h.dump();
 }
 

@@ -30,13 +30,16 @@ using test::RawLocalSocket;
 constexpr std::size_t kBytes = 64 << 10;  // per chunk
 constexpr std::size_t kChunkTokens = 16;
 
-std::size_t or0(const Result<std::size_t>& r) { return r ? *r : 0; }
+std::size_t or0(const Result<std::size_t>& r) {
+  return r ? *r : 0;
+}
 
 std::string temp_socket(const std::string& name) {
   return "/tmp/kvnode-test-" + std::to_string(getpid()) + "-" + name + ".sock";
 }
 
-NodeConfig config_for(const controller::BoundPorts& ports, const std::string& instance, std::size_t staging_mb = 1) {
+NodeConfig config_for(const controller::BoundPorts& ports, const std::string& instance,
+                      std::size_t staging_mb = 1) {
   NodeConfig c;
   c.lmcache_instance_id = instance;
   c.controller_pull_url = "127.0.0.1:" + std::to_string(ports.pull);
@@ -201,9 +204,11 @@ TEST_F(LocalApiTest, APutLargerThanThePoolStoresTheLongestPrefixThatFits) {
     const std::vector<std::byte> next_data = bytes_of(next);
     PutSeries series;
     const std::span<const std::byte> all(next_data);
-    put = c->put(ChunkKeys::of_hashes({next.begin(), next.begin() + 40}), all.first(40 * kBytes), &series);
+    put = c->put(ChunkKeys::of_hashes({next.begin(), next.begin() + 40}), all.first(40 * kBytes),
+                 &series);
     EXPECT_EQ(or0(put), 40u);
-    put = c->put(ChunkKeys::of_hashes({next.begin() + 40, next.end()}), all.subspan(40 * kBytes), &series);
+    put = c->put(ChunkKeys::of_hashes({next.begin() + 40, next.end()}), all.subspan(40 * kBytes),
+                 &series);
     EXPECT_EQ(or0(put), 24u) << "64 pages: 40 of the first call and 24 of the second";
     EXPECT_EQ(or0(c->get(ChunkKeys::of_hashes(next), out)), 64u);
     EXPECT_TRUE(std::equal(out.begin(), out.begin() + 64 * kBytes, next_data.begin()));
@@ -299,48 +304,51 @@ TEST_F(LocalApiTest, BadRequestsGetClearErrorsAndTheNodeKeepsServing) {
   EXPECT_NE(ask(path, pack([](auto& pk) { pk.pack(42); })).error.find("request: expected a map"),
             std::string::npos);
   EXPECT_NE(ask(path, pack([](auto& pk) {
-              pk.pack_map(1);
-              pk.pack(std::string("hashes"));
-              pk.pack(std::vector<std::int64_t>{1});
-            })).error.find("request.op: missing"),
+                  pk.pack_map(1);
+                  pk.pack(std::string("hashes"));
+                  pk.pack(std::vector<std::int64_t>{1});
+                }))
+                .error.find("request.op: missing"),
             std::string::npos);
   EXPECT_NE(ask(path, pack([](auto& pk) {
-              pk.pack_map(2);
-              pk.pack(std::string("op"));
-              pk.pack(std::string("contains"));
-              pk.pack(std::string("hashes"));
-              pk.pack_array(2);
-              pk.pack(1);
-              pk.pack(std::string("two"));
-            })).error.find("request.hashes[1]: expected an integer"),
+                  pk.pack_map(2);
+                  pk.pack(std::string("op"));
+                  pk.pack(std::string("contains"));
+                  pk.pack(std::string("hashes"));
+                  pk.pack_array(2);
+                  pk.pack(1);
+                  pk.pack(std::string("two"));
+                }))
+                .error.find("request.hashes[1]: expected an integer"),
             std::string::npos);
   const Answer unknown = ask(path, pack([](auto& pk) {
-    pk.pack_map(1);
-    pk.pack(std::string("op"));
-    pk.pack(std::string("format-disk"));
-  }));
+                               pk.pack_map(1);
+                               pk.pack(std::string("op"));
+                               pk.pack(std::string("format-disk"));
+                             }));
   EXPECT_NE(unknown.error.find("unknown operation 'format-disk'"), std::string::npos);
   EXPECT_EQ(unknown.code, "invalid");
   const Answer no_hold = ask(path, pack([](auto& pk) {
-    pk.pack_map(2);
-    pk.pack(std::string("op"));
-    pk.pack(std::string("commit"));
-    pk.pack(std::string("hold"));
-    pk.pack(77);
-  }));
+                               pk.pack_map(2);
+                               pk.pack(std::string("op"));
+                               pk.pack(std::string("commit"));
+                               pk.pack(std::string("hold"));
+                               pk.pack(77);
+                             }));
   EXPECT_NE(no_hold.error.find("no such hold"), std::string::npos);
   EXPECT_EQ(no_hold.code, "not_found");
   // A put whose bytes do not match its chunk count stores nothing.
   EXPECT_NE(ask(path, pack([](auto& pk) {
-              pk.pack_map(3);
-              pk.pack(std::string("op"));
-              pk.pack(std::string("put"));
-              pk.pack(std::string("hashes"));
-              pk.pack(std::vector<std::int64_t>{5, 6});
-              pk.pack(std::string("data"));
-              pk.pack_bin(10);
-              pk.pack_bin_body("0123456789", 10);
-            })).error.find("request.data: 2 chunks need"),
+                  pk.pack_map(3);
+                  pk.pack(std::string("op"));
+                  pk.pack(std::string("put"));
+                  pk.pack(std::string("hashes"));
+                  pk.pack(std::vector<std::int64_t>{5, 6});
+                  pk.pack(std::string("data"));
+                  pk.pack_bin(10);
+                  pk.pack_bin_body("0123456789", 10);
+                }))
+                .error.find("request.data: 2 chunks need"),
             std::string::npos);
   // An array header claiming 2^32-1 entries is refused without allocating them.
   const std::string huge =
@@ -361,7 +369,8 @@ class ServiceRig {
              Locate locate = nullptr)
       : pool_(make_pool()), store_(pool_, kCpu, [](const StoreEvent&) {}), engine_(store_) {
     o.path = temp_socket(name);
-    if (o.staging_slots > 0) o.staging_name = "/kvnode-test-" + std::to_string(getpid()) + "-" + name;
+    if (o.staging_slots > 0)
+      o.staging_name = "/kvnode-test-" + std::to_string(getpid()) + "-" + name;
     auto s = LocalService::start(o, engine_, moves, std::move(locate));
     EXPECT_TRUE(s) << s.error().message;
     if (s) service_ = std::move(s).value();
@@ -443,8 +452,8 @@ TEST(LocalService, HostileConnectionsCostOnlyThemselves) {
   ASSERT_TRUE(noise.send_raw("GET / HTTP/1.1\r\n\r\n"));
   EXPECT_TRUE(noise.closed_within(2s));
   // A declared length over the limit, just over it and far over it: closed at once.
-  for (const std::uint32_t length : {static_cast<std::uint32_t>(client::protocol::kMaxMessageBytes + 1),
-                                     0xffffffffu}) {
+  for (const std::uint32_t length :
+       {static_cast<std::uint32_t>(client::protocol::kMaxMessageBytes + 1), 0xffffffffu}) {
     RawLocalSocket huge(path);
     ASSERT_TRUE(huge.send_raw(RawLocalSocket::header(length)));
     EXPECT_TRUE(huge.closed_within(2s)) << length;
@@ -551,7 +560,9 @@ TEST(LocalService, ARetrieveDoesNotHoldUpOtherClients) {
   auto b = client_of(o.path, false);
   ASSERT_TRUE(a && b);
 
-  auto retrieving = std::async(std::launch::async, [&] { return a->retrieve(ChunkKeys::of_hashes({11, 12})); });
+  auto retrieving = std::async(std::launch::async, [&] {
+    return a->retrieve(ChunkKeys::of_hashes({11, 12}));
+  });
   ASSERT_TRUE(eventually([&] { return located == 1; }));
   const auto t0 = Clock::now();
   for (int i = 0; i < 10; ++i) ASSERT_TRUE(b->contains(ChunkKeys::of_hashes({11})));
@@ -580,7 +591,8 @@ TEST(LocalClient, NoDaemonIsAnErrorWithinTheTimeout) {
   auto c = LocalClient::connect(temp_socket("nobody"), o);
   ASSERT_FALSE(c);
   // No socket file: said at once (issue 19, item 13), not after the timeout.
-  EXPECT_NE(c.error().message.find("the file does not exist"), std::string::npos) << c.error().message;
+  EXPECT_NE(c.error().message.find("the file does not exist"), std::string::npos)
+      << c.error().message;
   EXPECT_EQ(c.error().code, ErrorCode::kNotFound);
   EXPECT_LT(Clock::now() - t0, 3s);
 }

@@ -16,9 +16,9 @@ namespace kvnode::node {
 namespace {
 
 using namespace std::chrono_literals;
-using fake::Fault;
 using fake::FakeNetwork;
 using fake::FakeNode;
+using fake::Fault;
 using fake::Kind;
 using peer::Op;
 
@@ -41,7 +41,8 @@ std::vector<std::int64_t> tokens(std::size_t chunks) {
 
 struct Pair {
   explicit Pair(std::size_t b_pages = 64)
-      : a(net, "127.0.0.1:1001", 64, quick(), kTtl), b(net, "127.0.0.1:1002", b_pages, quick(), kTtl) {
+      : a(net, "127.0.0.1:1001", 64, quick(), kTtl),
+        b(net, "127.0.0.1:1002", b_pages, quick(), kTtl) {
     hashes = a.engine.hashes(t).value();
     for (ChunkHash h : hashes) EXPECT_TRUE(a.put(h));
   }
@@ -357,8 +358,8 @@ TEST(MoveProtocol, ASourceFrozenOrPinningWhenItEvictsKeepsItsChunksAsItMust) {
   expect_guarantees(p, r);
 
   Pair q;
-  ASSERT_EQ(q.a.store.leading(std::vector<ChunkHash>(q.hashes.begin(), q.hashes.begin() + 2), "pin"),
-            2u);
+  ASSERT_EQ(
+      q.a.store.leading(std::vector<ChunkHash>(q.hashes.begin(), q.hashes.begin() + 2), "pin"), 2u);
   const MoveResult pinned = q.move();
   EXPECT_EQ(pinned.tokens_confirmed, kChunks * FakeNode::kTokensPerChunk);
   EXPECT_EQ(q.a.store.counters().chunks, 2u) << "pinned chunks stay here too";

@@ -2,10 +2,10 @@
 // and two nodes (node_rig.hpp). The orchestrator's HTTP /move (and kvctl, as a process) drives
 // it; lookups through the controller and the destination's bytes check it. Over tcp and over
 // UCX's default transports (shared memory).
+#include <future>
+
 #include "node_rig.hpp"
 #include "support/child_process.hpp"
-
-#include <future>
 
 namespace kvnode::node {
 namespace {
@@ -33,7 +33,8 @@ TEST_P(Moves, AMoveCarriesEveryByteAndOnlyConfirmedChunksLeaveTheSource) {
   for (ChunkHash h : hashes) ASSERT_TRUE(a.engine().put(h, chunk_bytes(h)));
   const Json lookup{{"tokens", tokens}};
   ASSERT_TRUE(eventually([&] {
-    return post("/lookup", lookup)["layout_info"].dump() == R"({"inst-A":["LocalCPUBackend",2048]})";
+    return post("/lookup", lookup)["layout_info"].dump() ==
+           R"({"inst-A":["LocalCPUBackend",2048]})";
   }));
 
   // B already holds chunk 3: it is neither re-sent nor re-admitted, and still counts as moved.
@@ -49,7 +50,8 @@ TEST_P(Moves, AMoveCarriesEveryByteAndOnlyConfirmedChunksLeaveTheSource) {
   }
   EXPECT_EQ(a.store().counters().chunks, 0u) << "copy=false: every confirmed chunk left A";
   ASSERT_TRUE(eventually([&] {
-    return post("/lookup", lookup)["layout_info"].dump() == R"({"inst-B":["LocalCPUBackend",2048]})";
+    return post("/lookup", lookup)["layout_info"].dump() ==
+           R"({"inst-B":["LocalCPUBackend",2048]})";
   })) << post("/lookup", lookup).dump();
 
   // And back with copy=true: both hold every chunk.
@@ -87,13 +89,16 @@ TEST_P(Moves, ADestinationWithoutRoomTakesWhatFitsAndTheSourceKeepsTheRest) {
   httplib::Client http("127.0.0.1", ctl->ports().http);
   http.set_read_timeout(30s);
   auto r = http.Post("/move",
-                     Json{{"old_position", {"inst-A", kCpu}}, {"new_position", {"inst-B", kCpu}},
-                          {"tokens", tokens}}.dump(),
+                     Json{{"old_position", {"inst-A", kCpu}},
+                          {"new_position", {"inst-B", kCpu}},
+                          {"tokens", tokens}}
+                         .dump(),
                      "application/json");
   ASSERT_TRUE(r && r->status == 200) << (r ? r->body : "no reply");
   EXPECT_EQ(Json::parse(r->body)["num_tokens"], 1024) << "the 4 chunks B could take";
   for (std::size_t i = 0; i < hashes.size(); ++i) {
-    EXPECT_EQ(a.store().contains(hashes[i]), i >= 4) << "A keeps exactly what B did not confirm: " << i;
+    EXPECT_EQ(a.store().contains(hashes[i]), i >= 4)
+        << "A keeps exactly what B did not confirm: " << i;
     EXPECT_EQ(b.store().contains(hashes[i]), i < 4) << i;
   }
   EXPECT_EQ(b.store().counters().reserved, 0u) << "no reservation left behind";
@@ -111,9 +116,13 @@ TEST_P(Moves, AFullSyncAtEitherEndChangesNothingTheSyncDoesNotReport) {
   httplib::Client http("127.0.0.1", rig.ctl->ports().http);
   http.set_read_timeout(60s);
   auto move = [&](const char* from, const char* to, const std::vector<std::int64_t>& tokens) {
-    auto r = http.Post("/move", Json{{"old_position", {from, kCpu}}, {"new_position", {to, kCpu}},
-                                     {"tokens", tokens}}.dump(), "application/json");
-    return r && r->status == 200 ? Json::parse(r->body) : Json{{"failed", r ? r->body : "no reply"}};
+    auto r = http.Post(
+        "/move",
+        Json{{"old_position", {from, kCpu}}, {"new_position", {to, kCpu}}, {"tokens", tokens}}
+            .dump(),
+        "application/json");
+    return r && r->status == 200 ? Json::parse(r->body)
+                                 : Json{{"failed", r ? r->body : "no reply"}};
   };
   std::vector<std::int64_t> tokens(8 * 256);
   std::iota(tokens.begin(), tokens.end(), 70000);
@@ -155,9 +164,11 @@ TEST_P(Moves, AFullSyncAtEitherEndChangesNothingTheSyncDoesNotReport) {
   const Json lookup{{"tokens", tokens}};
   auto holders = [&] {
     auto r = http.Post("/lookup", lookup.dump(), "application/json");
-    return r && r->status == 200 ? Json::parse(r->body)["layout_info"].dump() : std::string("no reply");
+    return r && r->status == 200 ? Json::parse(r->body)["layout_info"].dump()
+                                 : std::string("no reply");
   };
-  EXPECT_TRUE(eventually([&] { return holders() == R"({"inst-A":["LocalCPUBackend",2048]})"; })) << holders();
+  EXPECT_TRUE(eventually([&] { return holders() == R"({"inst-A":["LocalCPUBackend",2048]})"; }))
+      << holders();
 }
 
 // A move of more chunks than one batch into a destination with little room: the second batch's
@@ -179,15 +190,21 @@ TEST_P(Moves, ChunksTheDestinationEvictsMidMoveStayAtTheSource) {
   for (ChunkHash h : hashes) ASSERT_TRUE(a.engine().put(h, chunk_bytes(h, 4096)));
   httplib::Client http("127.0.0.1", ctl->ports().http);
   http.set_read_timeout(60s);
-  auto r = http.Post("/move", Json{{"old_position", {"inst-A", kCpu}}, {"new_position", {"inst-B", kCpu}},
-                                   {"tokens", tokens}}.dump(), "application/json");
+  auto r = http.Post("/move",
+                     Json{{"old_position", {"inst-A", kCpu}},
+                          {"new_position", {"inst-B", kCpu}},
+                          {"tokens", tokens}}
+                         .dump(),
+                     "application/json");
   ASSERT_TRUE(r && r->status == 200) << (r ? r->body : "no reply");
   const std::size_t prefix_at_b = b.store().leading(hashes);
-  EXPECT_EQ(Json::parse(r->body)["num_tokens"], prefix_at_b * 256) << "the answer is what B holds from the first";
+  EXPECT_EQ(Json::parse(r->body)["num_tokens"], prefix_at_b * 256)
+      << "the answer is what B holds from the first";
   std::size_t nowhere = 0;
   for (ChunkHash h : hashes) nowhere += a.store().contains(h) || b.store().contains(h) ? 0 : 1;
   EXPECT_EQ(nowhere, 0u) << "chunks the move lost";
-  EXPECT_LT(b.store().counters().chunks, hashes.size()) << "B cannot hold them all: the case under test";
+  EXPECT_LT(b.store().counters().chunks, hashes.size())
+      << "B cannot hold them all: the case under test";
 }
 
 TEST_P(Moves, ALocalMissIsPulledFromThePeerTheControllerNames) {
@@ -198,7 +215,8 @@ TEST_P(Moves, ALocalMissIsPulledFromThePeerTheControllerNames) {
   std::vector<std::int64_t> tokens(8 * 256);
   std::iota(tokens.begin(), tokens.end(), 7000);
   const std::vector<ChunkHash> hashes = a.engine().hashes(tokens).value();
-  for (std::size_t i = 0; i < 6; ++i) ASSERT_TRUE(a.engine().put(hashes[i], chunk_bytes(hashes[i])));
+  for (std::size_t i = 0; i < 6; ++i)
+    ASSERT_TRUE(a.engine().put(hashes[i], chunk_bytes(hashes[i])));
   ASSERT_TRUE(b.engine().put(hashes[0], chunk_bytes(hashes[0])));  // B has the first already
   ASSERT_TRUE(eventually([&] {  // the controller has heard of A's chunks
     wire::BatchedP2PLookupMsg q{{}, "inst-B", 0};
@@ -259,13 +277,14 @@ TEST(Kvctl, DrivesTheControllerAsAnOrchestratorDoes) {
   const std::string ctl_url = "127.0.0.1:" + std::to_string(ctl->ports().http);
   int code = -1;
   ASSERT_TRUE(eventually([&] {
-    return run_kvctl({KVCTL_PATH, "lookup", "--controller", ctl_url, "--token-range", "0:1024"}, &code)
+    return run_kvctl({KVCTL_PATH, "lookup", "--controller", ctl_url, "--token-range", "0:1024"},
+                     &code)
                .find("inst-A  LocalCPUBackend  1024 tokens") != std::string::npos;
   }));
-  std::string out = run_kvctl({KVCTL_PATH, "move", "--controller", ctl_url, "--from", "inst-A", "--to",
-                               "inst-B", "--token-range", "0:1024", "--chunk-bytes",
-                               std::to_string(kChunkBytes), "--json"},
-                              &code);
+  std::string out =
+      run_kvctl({KVCTL_PATH, "move", "--controller", ctl_url, "--from", "inst-A", "--to", "inst-B",
+                 "--token-range", "0:1024", "--chunk-bytes", std::to_string(kChunkBytes), "--json"},
+                &code);
   EXPECT_EQ(code, 0) << out;
   const Json moved = Json::parse(out.substr(out.find('{')));
   EXPECT_EQ(moved["num_tokens"], 1024) << out;

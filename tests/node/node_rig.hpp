@@ -21,9 +21,9 @@
 #include <thread>
 #include <vector>
 
+#include "control_handler.hpp"
 #include "kvnode/agent/worker_agent.hpp"
 #include "kvnode/controller/controller.hpp"
-#include "control_handler.hpp"
 #include "kvnode/node/peer_moves.hpp"
 #include "kvnode/transfer/plane.hpp"
 #include "peer_service.hpp"
@@ -43,8 +43,10 @@ inline constexpr std::size_t kChunkBytes = 64 << 10;
 inline std::vector<std::byte> chunk_bytes(ChunkHash h, std::size_t size = kChunkBytes) {
   std::vector<std::byte> b(size);
   const std::uint64_t base = static_cast<std::uint64_t>(h) * 7;
-  for (std::size_t i = 0; i < size && i < 256; ++i) b[i] = static_cast<std::byte>((base + i) & 0xff);
-  for (std::size_t i = 256; i < size; i += 256) std::memcpy(b.data() + i, b.data(), std::min<std::size_t>(256, size - i));
+  for (std::size_t i = 0; i < size && i < 256; ++i)
+    b[i] = static_cast<std::byte>((base + i) & 0xff);
+  for (std::size_t i = 256; i < size; i += 256)
+    std::memcpy(b.data() + i, b.data(), std::min<std::size_t>(256, size - i));
   return b;
 }
 
@@ -95,7 +97,9 @@ inline std::vector<int> free_ports(std::size_t n) {
   for (int fd : fds) ::close(fd);
   return ports;
 }
-inline int free_port() { return free_ports(1)[0]; }
+inline int free_port() {
+  return free_ports(1)[0];
+}
 
 // `adjust` may change the config first (e.g. a fast reaper).
 inline std::unique_ptr<controller::Controller> start_controller(
@@ -129,8 +133,9 @@ class Node {
         store_(pool_, kCpu,
                [this](const StoreEvent& e) {
                  if (auto* a = agent_ptr_.load())
-                   a->report(kCpu, e.kind == StoreEvent::Kind::kAdmit ? wire::OpType::kAdmit
-                                                                       : wire::OpType::kEvict,
+                   a->report(kCpu,
+                             e.kind == StoreEvent::Kind::kAdmit ? wire::OpType::kAdmit
+                                                                : wire::OpType::kEvict,
                              e.hash);
                }),
         engine_(store_),
@@ -186,7 +191,7 @@ class Node {
 
  private:
   static std::unique_ptr<transfer::TransferPlane> start_plane(const char* tls, gpu::ChunkPool& pool,
-                                                             PeerService& peers) {
+                                                              PeerService& peers) {
     transfer::PlaneOptions po;
     if (tls) {
       po.tls = tls;

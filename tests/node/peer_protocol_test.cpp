@@ -68,8 +68,8 @@ TEST(PeerProtocol, WrongBytesAreInvalid) {
     ASSERT_FALSE(r) << b.size() << " bytes";
     EXPECT_EQ(r.error().code, ErrorCode::kInvalid);
   }
-  EXPECT_FALSE(decode_request(
-      bytes({0xA2, 2, 1, 0, 9, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2})))
+  EXPECT_FALSE(
+      decode_request(bytes({0xA2, 2, 1, 0, 9, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2})))
       << "a finish's whole flag of 2";
   EXPECT_FALSE(decode_answer(bytes({0xA2, 1, 1, 0, 5, 0, 0, 0, 0}))) << "reserve outcome 5";
   EXPECT_FALSE(decode_answer(bytes({0xA2, 2, 1, 0, 4}))) << "finish outcome 4";
@@ -151,7 +151,8 @@ TEST(PeerService, ARequestThatDoesNotDecodeIsInvalidAndChangesNothing) {
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code, ErrorCode::kInvalid);
   EXPECT_EQ(b.store.counters().reserved, 0u);
-  const Result<std::vector<std::byte>> ok = b.service.on_ask("p", encode(Request{HoldsRequest{{1}}}));
+  const Result<std::vector<std::byte>> ok =
+      b.service.on_ask("p", encode(Request{HoldsRequest{{1}}}));
   ASSERT_TRUE(ok);
   EXPECT_EQ(std::get<HoldsAnswer>(decode_answer(*ok).value()).held, (std::vector<std::uint8_t>{0}));
 }

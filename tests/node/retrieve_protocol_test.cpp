@@ -14,9 +14,9 @@ namespace kvnode::node {
 namespace {
 
 using namespace std::chrono_literals;
-using fake::Fault;
 using fake::FakeNetwork;
 using fake::FakeNode;
+using fake::Fault;
 using fake::Kind;
 using peer::Op;
 
@@ -31,14 +31,16 @@ PeerMovesOptions quick() {
 
 struct Pair {
   explicit Pair(std::size_t b_pages = 64)
-      : a(net, "127.0.0.1:1001", 64, quick(), kTtl), b(net, "127.0.0.1:1002", b_pages, quick(), kTtl) {
+      : a(net, "127.0.0.1:1001", 64, quick(), kTtl),
+        b(net, "127.0.0.1:1002", b_pages, quick(), kTtl) {
     std::vector<std::int64_t> t(kChunks * FakeNode::kTokensPerChunk);
     for (std::size_t i = 0; i < t.size(); ++i) t[i] = static_cast<std::int64_t>(5000 + i);
     hashes = a.engine.hashes(t).value();
     for (ChunkHash h : hashes) EXPECT_TRUE(a.put(h));
     EXPECT_TRUE(b.put(hashes[0]));
-    locate = [this](const std::vector<ChunkHash>& missing)
-        -> Result<std::pair<std::string, std::size_t>> {
+    locate =
+        [this](
+            const std::vector<ChunkHash>& missing) -> Result<std::pair<std::string, std::size_t>> {
       ++located;
       return std::make_pair(a.url, a.store.leading(missing));
     };
@@ -82,7 +84,8 @@ TEST(RetrieveProtocol, ARetrieveRunsEveryStateInOrderAndCostsTwoAsksPerBatch) {
   using S = RetrieveState;
   std::vector<S> want = {S::kLocate};
   for (int i = 0; i < 3; ++i)
-    want.insert(want.end(), {S::kLeaseRemote, S::kReserveLocal, S::kPull, S::kCommitLocal, S::kUnlease});
+    want.insert(want.end(),
+                {S::kLeaseRemote, S::kReserveLocal, S::kPull, S::kCommitLocal, S::kUnlease});
   want.push_back(S::kDone);
   EXPECT_EQ(states, want);
   EXPECT_EQ(p.net.calls(Kind::kAsk), 6u) << "lease and unlease per batch";
@@ -102,10 +105,12 @@ TEST(RetrieveProtocol, ALookupThatFailsOrFindsNobodyEndsBeforeAnyAsk) {
   Pair p;
   std::vector<RetrieveState> states;
   p.b.on_retrieve_state = [&](RetrieveState s) { states.push_back(s); };
-  const Locate fails = [](const std::vector<ChunkHash>&) -> Result<std::pair<std::string, std::size_t>> {
+  const Locate fails =
+      [](const std::vector<ChunkHash>&) -> Result<std::pair<std::string, std::size_t>> {
     return make_error(ErrorCode::kPeerLost, "P2P lookup: no controller");
   };
-  const Locate nobody = [](const std::vector<ChunkHash>&) -> Result<std::pair<std::string, std::size_t>> {
+  const Locate nobody =
+      [](const std::vector<ChunkHash>&) -> Result<std::pair<std::string, std::size_t>> {
     return std::make_pair(std::string(), std::size_t{0});
   };
   for (const Locate* l : {&fails, &nobody}) {
@@ -136,8 +141,8 @@ TEST(RetrieveProtocol, AHolderLostAtAnyCallLeavesTheRunPulledBeforeIt) {
   for (std::size_t i = 0; i < kSteps.size(); ++i) {
     SCOPED_TRACE("lost at call " + std::to_string(i));
     Pair p;
-    auto trigger = fake::at(kSteps[i].kind, kSteps[i].n, Fault{Fault::What::kUnreachable, 0},
-                            kSteps[i].op);
+    auto trigger =
+        fake::at(kSteps[i].kind, kSteps[i].n, Fault{Fault::What::kUnreachable, 0}, kSteps[i].op);
     p.net.fault = [&](const fake::Call& c) {
       const Fault f = trigger(c);
       if (f.what != Fault::What::kNone) p.net.set_down(p.a.url, true);
@@ -157,8 +162,8 @@ TEST(RetrieveProtocol, AnAnswerLostAtAnyCallCostsOnlyItsBatch) {
   for (std::size_t i = 0; i < kSteps.size(); ++i) {
     SCOPED_TRACE("answer lost at call " + std::to_string(i));
     Pair p;
-    p.net.fault = fake::at(kSteps[i].kind, kSteps[i].n, Fault{Fault::What::kAnswerLost, 0},
-                           kSteps[i].op);
+    p.net.fault =
+        fake::at(kSteps[i].kind, kSteps[i].n, Fault{Fault::What::kAnswerLost, 0}, kSteps[i].op);
     const RetrieveResult r = p.retrieve();
     EXPECT_EQ(r.chunks_pulled, pulled[i]) << r.error;
     expect_guarantees(p, r);
@@ -198,10 +203,10 @@ TEST(RetrieveProtocol, NoRoomHerePullsWhatFitsAndUnleasesTheRest) {
     EXPECT_EQ(p.a.service.leases(), 0u) << "unleased at once";
     if (pages == 3) {
       EXPECT_FALSE(r.error.empty());
-      EXPECT_EQ(states, (std::vector<RetrieveState>{RetrieveState::kLocate,
-                                                    RetrieveState::kLeaseRemote,
-                                                    RetrieveState::kReserveLocal,
-                                                    RetrieveState::kUnlease, RetrieveState::kDone}));
+      EXPECT_EQ(states,
+                (std::vector<RetrieveState>{RetrieveState::kLocate, RetrieveState::kLeaseRemote,
+                                            RetrieveState::kReserveLocal, RetrieveState::kUnlease,
+                                            RetrieveState::kDone}));
     }
     expect_guarantees(p, r);
   }
@@ -223,7 +228,8 @@ TEST(RetrieveProtocol, ACommitRefusedByASyncHereStoresNothingAndGivesThePagesBac
 TEST(RetrieveProtocol, AHolderWithFewerChunksThanLocatedEndsTheRunWhereItsEnds) {
   Pair p;
   for (std::size_t i = 6; i < kChunks; ++i) ASSERT_TRUE(p.a.store.remove(p.hashes[i]));
-  const Locate stale = [&](const std::vector<ChunkHash>&) -> Result<std::pair<std::string, std::size_t>> {
+  const Locate stale =
+      [&](const std::vector<ChunkHash>&) -> Result<std::pair<std::string, std::size_t>> {
     return std::make_pair(p.a.url, kChunks - 1);
   };
   const RetrieveResult r = p.b.moves.retrieve_chunks(p.hashes, stale);

@@ -11,7 +11,9 @@ namespace {
 
 using namespace rig;
 
-std::vector<std::byte> shard_bytes(ChunkHash h, std::int64_t rank) { return chunk_bytes(h ^ rank); }
+std::vector<std::byte> shard_bytes(ChunkHash h, std::int64_t rank) {
+  return chunk_bytes(h ^ rank);
+}
 
 Json post_json(int port, const std::string& path, const Json& body) {
   httplib::Client http("127.0.0.1", port);
@@ -33,7 +35,8 @@ TEST_P(TpRanksTest, RankRLooksUpPullsAndMovesOnlyWithRankR) {
   };
   const std::unique_ptr<Node> a[2] = {rank("inst-A", 0), rank("inst-A", 1)};
   const std::unique_ptr<Node> b[2] = {rank("inst-B", 0), rank("inst-B", 1)};
-  ASSERT_TRUE(eventually([&] { return a[0]->settled() && a[1]->settled() && b[0]->settled() && b[1]->settled(); }));
+  ASSERT_TRUE(eventually(
+      [&] { return a[0]->settled() && a[1]->settled() && b[0]->settled() && b[1]->settled(); }));
   std::vector<std::byte> out(kChunkBytes);
   auto holds_shard = [&](Node& n, ChunkHash h, std::int64_t r) {
     if (!n.store().contains(h)) return false;
@@ -47,7 +50,8 @@ TEST_P(TpRanksTest, RankRLooksUpPullsAndMovesOnlyWithRankR) {
   const std::vector<ChunkHash> hashes = a[0]->engine().hashes(tokens).value();
   const std::size_t held[2] = {6, 4};
   for (std::int64_t r : {0, 1})
-    for (std::size_t i = 0; i < held[r]; ++i) ASSERT_TRUE(a[r]->engine().put(hashes[i], shard_bytes(hashes[i], r)));
+    for (std::size_t i = 0; i < held[r]; ++i)
+      ASSERT_TRUE(a[r]->engine().put(hashes[i], shard_bytes(hashes[i], r)));
   for (std::int64_t r : {0, 1}) {
     // The controller names A rank r, with rank r's hits, to B rank r.
     wire::P2PLayout where;
@@ -59,7 +63,9 @@ TEST_P(TpRanksTest, RankRLooksUpPullsAndMovesOnlyWithRankR) {
       if (!ret || ret->layout_info.empty()) return false;
       where = ret->layout_info[0];
       return where.num_hit_chunks == static_cast<std::int64_t>(held[r]);
-    })) << "rank " << r << ": " << where.instance_id << " " << where.peer_init_url << " " << where.num_hit_chunks;
+    })) << "rank "
+        << r << ": " << where.instance_id << " " << where.peer_init_url << " "
+        << where.num_hit_chunks;
     EXPECT_EQ(where.instance_id, "inst-A");
     EXPECT_EQ(where.location, kCpu);
     EXPECT_EQ(where.peer_init_url, a[r]->url()) << "rank " << r << " is sent to A rank " << r;
@@ -72,9 +78,11 @@ TEST_P(TpRanksTest, RankRLooksUpPullsAndMovesOnlyWithRankR) {
     EXPECT_EQ(got.tokens, held[r] * 256);
     for (std::size_t i = 0; i < hashes.size(); ++i) {
       if (i < held[r]) {
-        EXPECT_TRUE(holds_shard(*b[r], hashes[i], r)) << "B rank " << r << " chunk " << i << ": rank " << r << "'s bytes";
+        EXPECT_TRUE(holds_shard(*b[r], hashes[i], r))
+            << "B rank " << r << " chunk " << i << ": rank " << r << "'s bytes";
       } else {
-        EXPECT_FALSE(b[r]->store().contains(hashes[i])) << "B rank " << r << " chunk " << i << " is not rank " << r << "'s";
+        EXPECT_FALSE(b[r]->store().contains(hashes[i]))
+            << "B rank " << r << " chunk " << i << " is not rank " << r << "'s";
       }
     }
     EXPECT_EQ(a[r]->store().counters().chunks, held[r]) << "retrieval copies";
@@ -87,14 +95,18 @@ TEST_P(TpRanksTest, RankRLooksUpPullsAndMovesOnlyWithRankR) {
   for (std::int64_t r : {0, 1})
     for (ChunkHash h : moved_hashes) ASSERT_TRUE(a[r]->engine().put(h, shard_bytes(h, r)));
   auto move = [&](const std::vector<std::int64_t>& t) {
-    return post_json(http, "/move", Json{{"old_position", {"inst-A", kCpu}}, {"new_position", {"inst-B", kCpu}},
-                                         {"tokens", t}, {"should_copy", false}});
+    return post_json(http, "/move",
+                     Json{{"old_position", {"inst-A", kCpu}},
+                          {"new_position", {"inst-B", kCpu}},
+                          {"tokens", t},
+                          {"should_copy", false}});
   };
   const Json moved = move(moved_tokens);
   EXPECT_EQ(moved.value("num_tokens", -1), 2048) << moved.dump();
   for (std::int64_t r : {0, 1}) {
     for (ChunkHash h : moved_hashes) {
-      EXPECT_TRUE(holds_shard(*b[r], h, r)) << "B rank " << r << " holds A rank " << r << "'s shard of " << h;
+      EXPECT_TRUE(holds_shard(*b[r], h, r))
+          << "B rank " << r << " holds A rank " << r << "'s shard of " << h;
       EXPECT_FALSE(a[r]->store().contains(h));
     }
   }
@@ -114,10 +126,12 @@ TEST_P(TpRanksTest, RankRLooksUpPullsAndMovesOnlyWithRankR) {
       ASSERT_TRUE(a[r]->engine().put(uneven_hashes[i], shard_bytes(uneven_hashes[i], r)));
   const Json disagreed = move(uneven);
   EXPECT_FALSE(disagreed.contains("num_tokens")) << disagreed.dump();
-  EXPECT_NE(disagreed.dump().find("worker 0: 768, worker 1: 512"), std::string::npos) << disagreed.dump();
+  EXPECT_NE(disagreed.dump().find("worker 0: 768, worker 1: 512"), std::string::npos)
+      << disagreed.dump();
   for (std::int64_t r : {0, 1}) {
     for (std::size_t i = 0; i < uneven_hashes.size(); ++i) {
-      EXPECT_EQ(holds_shard(*b[r], uneven_hashes[i], r), i < uneven_held[r]) << "B rank " << r << " chunk " << i;
+      EXPECT_EQ(holds_shard(*b[r], uneven_hashes[i], r), i < uneven_held[r])
+          << "B rank " << r << " chunk " << i;
       EXPECT_FALSE(a[r]->store().contains(uneven_hashes[i])) << "A rank " << r << " chunk " << i;
     }
   }

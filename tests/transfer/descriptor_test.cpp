@@ -1,7 +1,8 @@
 // The peer descriptor codec: round trip, and bytes off the network treated as hostile.
+#include "descriptor.hpp"
+
 #include <gtest/gtest.h>
 
-#include "descriptor.hpp"
 #include "support/must.hpp"
 
 namespace kvnode::transfer {
@@ -44,7 +45,7 @@ TEST(Descriptor, RoundTripAndHostileInput) {
   bad.base = ~0ull - 10;
   EXPECT_NE(error_of(encode(bad)).find("wraps"), std::string::npos);
   // A bin header claiming 4 GiB with 3 bytes behind it: no allocation, an error.
-  const ucx::Bytes lying{std::byte{0x81}, std::byte{0xa4}, std::byte{'r'}, std::byte{'k'},
+  const ucx::Bytes lying{std::byte{0x81}, std::byte{0xa4}, std::byte{'r'},  std::byte{'k'},
                          std::byte{'e'},  std::byte{'y'},  std::byte{0xc6}, std::byte{0xff},
                          std::byte{0xff}, std::byte{0xff}, std::byte{0xff}, std::byte{1}};
   EXPECT_NE(error_of(lying), "accepted");

@@ -9,6 +9,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <spdlog/spdlog.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -19,11 +20,9 @@
 #include <random>
 #include <thread>
 
-#include <spdlog/spdlog.h>
-
-#include "ucx_handles.hpp"
 #include "support/must.hpp"
 #include "support/tcp_client.hpp"
+#include "ucx_handles.hpp"
 
 namespace kvnode::transfer {
 namespace {

@@ -16,7 +16,8 @@ inline std::uint64_t mix(std::uint64_t x) {
 }
 
 // Fills `bytes` (a multiple of 8) with page `page`'s pattern.
-inline void fill_pattern(std::byte* out, std::size_t bytes, std::uint32_t seed, std::uint32_t page) {
+inline void fill_pattern(std::byte* out, std::size_t bytes, std::uint32_t seed,
+                         std::uint32_t page) {
   for (std::size_t w = 0; w < bytes / 8; ++w) {
     const std::uint64_t v = mix((std::uint64_t{seed} << 56) ^ (std::uint64_t{page} << 32) ^ w);
     std::memcpy(out + w * 8, &v, 8);

@@ -1,6 +1,8 @@
 // The transfer plane in one process: two planes over each transport and each protocol, a hostile
 // initiator speaking the plane's wire directly, a hostile listener handing out a bad rkey or a
 // foreign chunk size, cancellation and shutdown. Plus the pure parts: run coalescing, lane parsing.
+#include "kvnode/transfer/plane.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,16 +11,15 @@
 #include <set>
 #include <thread>
 
+#include "am_messages.hpp"
+#include "descriptor.hpp"
 #include "kvnode/gpu/copy_engine.hpp"
 #include "kvnode/gpu/device_probe.hpp"
-#include "descriptor.hpp"
-#include "listener.hpp"
-#include "kvnode/transfer/plane.hpp"
 #include "lanes.hpp"
+#include "listener.hpp"
 #include "pattern.hpp"
 #include "runs.hpp"
 #include "support/must.hpp"
-#include "am_messages.hpp"
 
 namespace kvnode::transfer {
 namespace {
@@ -61,21 +62,26 @@ TEST(Runs, RefusesBadRequestsByName) {
   EXPECT_NE(error_of({{8, 0}}, true).find("local page 8 is outside"), std::string::npos);
   EXPECT_NE(error_of({{0, 4}}, true).find("remote page 4 is outside the peer's pool of 4"),
             std::string::npos);
-  EXPECT_NE(error_of({{1, 0}, {1, 2}}, true).find("local page 1 is written twice"), std::string::npos);
-  EXPECT_NE(error_of({{1, 0}, {2, 0}}, false).find("remote page 0 is written twice"), std::string::npos);
+  EXPECT_NE(error_of({{1, 0}, {1, 2}}, true).find("local page 1 is written twice"),
+            std::string::npos);
+  EXPECT_NE(error_of({{1, 0}, {2, 0}}, false).find("remote page 0 is written twice"),
+            std::string::npos);
   EXPECT_EQ(error_of({{1, 0}, {2, 0}}, true), "accepted");  // reading one page twice is fine
 }
 
 TEST(Lanes, ReadsTheTransportsUcxChose) {
   const EndpointLanes shm = parse_lanes(
-      "#                 lane[0]:  3:sysv/memory.0 md[2]           -> md[2]/sysv/sysdev[255] am am_bw#0\n"
+      "#                 lane[0]:  3:sysv/memory.0 md[2]           -> md[2]/sysv/sysdev[255] am "
+      "am_bw#0\n"
       "#                 lane[1]:  4:posix/memory.0 md[3]          -> md[3]/posix/sysdev[255]\n"
-      "#                 lane[2]:  5:cma/memory.0 md[4]            -> md[4]/cma/sysdev[255] rma_bw#0\n");
+      "#                 lane[2]:  5:cma/memory.0 md[4]            -> md[4]/cma/sysdev[255] "
+      "rma_bw#0\n");
   EXPECT_EQ(shm.am_bw, "sysv");
   EXPECT_EQ(shm.rma_bw, "cma");
   EXPECT_TRUE(rma_is_native(shm));
   const EndpointLanes tcp = parse_lanes(
-      "#                 lane[0]:  2:tcp/lo.0 md[1]                -> md[1]/tcp/sysdev[255] am am_bw#0 keepalive wireup\n"
+      "#                 lane[0]:  2:tcp/lo.0 md[1]                -> md[1]/tcp/sysdev[255] am "
+      "am_bw#0 keepalive wireup\n"
       "#                  rma_bw: mds rndv_rkey_size 9\n");
   EXPECT_EQ(tcp.am_bw, "tcp");
   EXPECT_EQ(tcp.rma_bw, "");
@@ -104,9 +110,9 @@ TEST(Lanes, APackedRkeyMustHoldWhatItsHeaderAnnounces) {
 
 struct Setup {
   const char* name;
-  const char* tls;  // nullptr: UCX's default (shared memory within a host)
-  Protocol protocol;  // asked for
-  Protocol expected;  // used
+  const char* tls;       // nullptr: UCX's default (shared memory within a host)
+  Protocol protocol;     // asked for
+  Protocol expected;     // used
   bool stage_a = false;  // A's pool goes through a staging ring (memcpy standing in for CUDA)
   bool stage_b = false;
 };
@@ -176,7 +182,8 @@ TEST_P(TwoPlanes, PullPushAndTheWriteNotice) {
     if (written.size() >= 4) break;
   }
   std::lock_guard lock(mutex);
-  EXPECT_EQ(std::set<gpu::PageId>(written.begin(), written.end()), (std::set<gpu::PageId>{0, 3, 12, 13}));
+  EXPECT_EQ(std::set<gpu::PageId>(written.begin(), written.end()),
+            (std::set<gpu::PageId>{0, 3, 12, 13}));
   EXPECT_EQ(writer, a->url());
   EXPECT_EQ(served_reaches(8 * kPageBytes), 8 * kPageBytes);
 }
@@ -191,7 +198,8 @@ INSTANTIATE_TEST_SUITE_P(
         Setup{"shm_auto", nullptr, Protocol::kAuto, Protocol::kRma},
         // Staging rings, as device pools use them, on either side or both.
         Setup{"tcp_staged_both", "tcp", Protocol::kAuto, Protocol::kActiveMessage, true, true},
-        Setup{"shm_staged_initiator", nullptr, Protocol::kAuto, Protocol::kActiveMessage, true, false},
+        Setup{"shm_staged_initiator", nullptr, Protocol::kAuto, Protocol::kActiveMessage, true,
+              false},
         Setup{"shm_staged_server", nullptr, Protocol::kRma, Protocol::kActiveMessage, false, true}),
     [](const auto& info) { return std::string(info.param.name); });
 
@@ -207,8 +215,8 @@ TEST(Ask, SmallRequestsBetweenNodesGetTheirAnswers) {
     }
     auto silent = must(TransferPlane::start(o, a_pool));  // answers no asks
     PlaneOptions b_options = o;
-    b_options.on_ask = [](const std::string& peer, const std::vector<std::byte>& req)
-        -> Result<std::vector<std::byte>> {
+    b_options.on_ask = [](const std::string& peer,
+                          const std::vector<std::byte>& req) -> Result<std::vector<std::byte>> {
       if (req.size() == 1) return make_error(ErrorCode::kFrozen, "one byte is not a question");
       if (req.size() == 3) std::this_thread::sleep_for(700ms);  // past the asker's deadline
       std::vector<std::byte> out(req.rbegin(), req.rend());
@@ -282,7 +290,7 @@ TEST(Staging, MoreChunksThanSlotsWaitTheirTurn) {
     ASSERT_TRUE(w.ok()) << w.message;
     for (gpu::PageId p = 0; p < 48; ++p)
       ASSERT_EQ(test::check_pattern(b_pool.page(p), kPageBytes, 5, p), kPageBytes);
-    EXPECT_EQ(w.stats.ops, 48u);  // one page per run through a slot
+    EXPECT_EQ(w.stats.ops, 48u);          // one page per run through a slot
     for (gpu::PageId p = 0; p < 96; ++p)  // restore B's pattern for the next transport
       test::fill_pattern(b_pool.page(p), kPageBytes, 2, p);
   }
@@ -371,7 +379,8 @@ TEST(HostilePeer, RequestsOutsideThePoolAreRejectedAndAnswered) {
   constexpr std::size_t kPageBytes = 64 << 10;
   gpu::ChunkPool pool = make_pool(kPageBytes, 8, 3);
   auto plane = must(TransferPlane::start(plane_over_tcp(), pool));
-  const auto port = static_cast<std::uint16_t>(std::stoi(plane->url().substr(plane->url().rfind(':') + 1)));
+  const auto port =
+      static_cast<std::uint16_t>(std::stoi(plane->url().substr(plane->url().rfind(':') + 1)));
 
   // A client speaking the plane's wire by hand.
   const ucx::Context ctx = must(ucx::Context::create(loopback_tcp()));
@@ -399,7 +408,8 @@ TEST(HostilePeer, RequestsOutsideThePoolAreRejectedAndAnswered) {
   set_handler(worker, am::kPullReject, &reject);
   set_handler(worker, am::kPushAck, &ack);
   set_handler(worker, am::kPullData, &data);
-  auto send = [&](unsigned id, const void* header, std::size_t hl, const void* body, std::size_t bl) {
+  auto send = [&](unsigned id, const void* header, std::size_t hl, const void* body,
+                  std::size_t bl) {
     ucp_request_param_t param{};
     const Status sent = worker.wait(ucp_am_send_nbx(ep.get(), id, header, hl, body, bl, &param),
                                     Clock::now() + 10s, "send");
@@ -428,7 +438,8 @@ TEST(HostilePeer, RequestsOutsideThePoolAreRejectedAndAnswered) {
   send(am::kPushData, &short_push, sizeof(short_push), mine.data(), kPageBytes / 2);
   ASSERT_TRUE(wait_for(ack));
   EXPECT_EQ(ack.header.code, am::RunCode::kBadLength);
-  EXPECT_EQ(test::check_pattern(pool.page(1), kPageBytes, 3, 1), kPageBytes) << "page 1 was touched";
+  EXPECT_EQ(test::check_pattern(pool.page(1), kPageBytes, 3, 1), kPageBytes)
+      << "page 1 was touched";
 
   send(am::kPullRequest, &request, 3, nullptr, 0);  // a truncated header: dropped, counted
   const am::RunRequest inside{0, 2, 1};
@@ -493,7 +504,8 @@ TEST(HostilePeer, NoticesAndRequestsOnASessionThisNodeOpenedAreRefused) {
   }
   ASSERT_TRUE(plane_session);
   const ucx::Endpoint ep = must(ucx::Endpoint::connect(worker, plane_session->worker_address));
-  auto send = [&](unsigned id, const void* header, std::size_t hl, const void* body, std::size_t bl) {
+  auto send = [&](unsigned id, const void* header, std::size_t hl, const void* body,
+                  std::size_t bl) {
     ucp_request_param_t param{};
     const Status sent = worker.wait(ucp_am_send_nbx(ep.get(), id, header, hl, body, bl, &param),
                                     Clock::now() + 10s, "send");
@@ -525,7 +537,8 @@ TEST(HostilePeer, NoticesAndRequestsOnASessionThisNodeOpenedAreRefused) {
   EXPECT_EQ(plane->counters().bytes_served, 0u);
   EXPECT_EQ(written.load(), 0u);
   EXPECT_FALSE(pulled.received) << "the plane served a pull on a session it opened";
-  EXPECT_EQ(test::check_pattern(pool.page(3), kPageBytes, 1, 3), kPageBytes) << "page 3 was written";
+  EXPECT_EQ(test::check_pattern(pool.page(3), kPageBytes, 1, 3), kPageBytes)
+      << "page 3 was written";
   EXPECT_GE(plane->counters().requests_rejected, 10u);  // 8 notices, the pull and the push
   plane.reset();
   stop = true;
@@ -535,7 +548,8 @@ TEST(HostilePeer, NoticesAndRequestsOnASessionThisNodeOpenedAreRefused) {
 // A listener that answers every hello with a fixed descriptor, progressed by its own thread.
 class FakePeer {
  public:
-  explicit FakePeer(const std::function<PeerDescriptor(const ucx::Worker&)>& describe, bool serve = true)
+  explicit FakePeer(const std::function<PeerDescriptor(const ucx::Worker&)>& describe,
+                    bool serve = true)
       : ctx_(must(ucx::Context::create(loopback_tcp()))), worker_(must(ucx::Worker::create(ctx_))) {
     listener_ = must(Listener::bind("127.0.0.1", 0, encode(describe(worker_))));
     if (serve)
@@ -613,17 +627,19 @@ TEST(Plane, CancelAndShutdownEndEveryTransfer) {
   gpu::ChunkPool pool = make_pool(4096, 4, 1);
   auto plane = must(TransferPlane::start(plane_over_tcp(), pool));
   // A listener nobody progresses: the hello is never answered.
-  FakePeer silent([](const ucx::Worker& w) {
-    PeerDescriptor d;
-    d.worker_address = must(w.address());
-    d.rkey = {std::byte{1}};
-    d.page_bytes = 4096;
-    d.pages = 1;
-    return d;
-  }, /*serve=*/false);
+  FakePeer silent(
+      [](const ucx::Worker& w) {
+        PeerDescriptor d;
+        d.worker_address = must(w.address());
+        d.rkey = {std::byte{1}};
+        d.page_bytes = 4096;
+        d.pages = 1;
+        return d;
+      },
+      /*serve=*/false);
   std::promise<TransferResult> first;
-  const TransferId id = plane->pull(silent.url(), {{0, 0}},
-                                    [&](TransferResult r) { first.set_value(std::move(r)); });
+  const TransferId id =
+      plane->pull(silent.url(), {{0, 0}}, [&](TransferResult r) { first.set_value(std::move(r)); });
   std::this_thread::sleep_for(50ms);
   const auto t0 = Clock::now();
   plane->cancel(id);

@@ -37,19 +37,22 @@ class Peer {
       : file_(::testing::TempDir() + "kvnode_peer_" + std::to_string(getpid()) + "_" +
               std::to_string(seed) + "_" + std::to_string(counter_++)) {
     std::remove(file_.c_str());
-    child_.emplace(std::vector<std::string>{TRANSFER_TEST_PEER_PATH, file_, std::to_string(page_bytes),
-                                            std::to_string(pages), std::to_string(port),
-                                            std::to_string(seed)});
+    child_.emplace(std::vector<std::string>{TRANSFER_TEST_PEER_PATH, file_,
+                                            std::to_string(page_bytes), std::to_string(pages),
+                                            std::to_string(port), std::to_string(seed)});
     for (auto until = Clock::now() + 20s; Clock::now() < until; std::this_thread::sleep_for(5ms)) {
       std::ifstream in(file_);
       if (in >> url_) return;
       if (!child_->running()) break;
     }
-    ADD_FAILURE() << "the peer did not start: " << child_->describe_exit() << " " << child_->output();
+    ADD_FAILURE() << "the peer did not start: " << child_->describe_exit() << " "
+                  << child_->output();
   }
   ~Peer() { std::remove(file_.c_str()); }
   const std::string& url() const { return url_; }
-  std::uint16_t port() const { return static_cast<std::uint16_t>(std::stoi(url_.substr(url_.rfind(':') + 1))); }
+  std::uint16_t port() const {
+    return static_cast<std::uint16_t>(std::stoi(url_.substr(url_.rfind(':') + 1)));
+  }
   void kill() { child_.reset(); }
   void signal(int sig) { child_->signal(sig); }
   std::string output() const { return child_ ? child_->output() : ""; }
@@ -85,9 +88,7 @@ class TwoProcesses : public ::testing::TestWithParam<Transport> {
     pool_.emplace(must(gpu::ChunkPool::create(o)));
     plane_ = must(TransferPlane::start(PlaneOptions{}, *pool_));
   }
-  void poison() {
-    std::memset(pool_->region().data(), 0xEE, pool_->region().size());
-  }
+  void poison() { std::memset(pool_->region().data(), 0xEE, pool_->region().size()); }
   // Distinct random pages: `n` of `range`.
   std::vector<gpu::PageId> pick(std::size_t n, std::size_t range) {
     std::vector<gpu::PageId> all(range);
@@ -97,7 +98,8 @@ class TwoProcesses : public ::testing::TestWithParam<Transport> {
     return all;
   }
   // Every byte of each pulled chunk equals the peer's pattern for its remote page.
-  void expect_pulled(const std::vector<PageCopy>& pages, const TransferResult& r, std::uint32_t seed) {
+  void expect_pulled(const std::vector<PageCopy>& pages, const TransferResult& r,
+                     std::uint32_t seed) {
     for (std::size_t i = 0; i < pages.size(); ++i) {
       if (!r.done.at(i)) continue;
       const std::size_t bad = test::check_pattern(pool_->page(pages[i].local), pool_->page_bytes(),
@@ -114,7 +116,8 @@ class TwoProcesses : public ::testing::TestWithParam<Transport> {
 };
 
 TEST_P(TwoProcesses, PullAndPushMoveEveryByteOfScatteredChunks) {
-  for (const std::size_t page_bytes : {std::size_t{4} << 10, std::size_t{256} << 10, std::size_t{2} << 20}) {
+  for (const std::size_t page_bytes :
+       {std::size_t{4} << 10, std::size_t{256} << 10, std::size_t{2} << 20}) {
     SCOPED_TRACE("page bytes " + std::to_string(page_bytes));
     constexpr std::size_t kPages = 72;
     Peer peer(page_bytes, 2 * kPages, 7);  // pulls read [0, kPages), pushes write the rest
@@ -205,7 +208,7 @@ TEST_P(TwoProcesses, APeerKilledMidTransferFailsItInTimeAndTheSurvivorReconnects
   make_local(kPageBytes, 64);
   std::vector<PageCopy> pages;
   for (gpu::PageId p = 0; p < 64; ++p) pages.push_back({p, 63 - p});  // 64 runs
-  ASSERT_TRUE(plane_->pull(peer->url(), pages).get().ok());  // the session is up
+  ASSERT_TRUE(plane_->pull(peer->url(), pages).get().ok());           // the session is up
 
   // Keep transfers in flight back to back; kill the peer under them.
   constexpr auto kDeadline = 5s;

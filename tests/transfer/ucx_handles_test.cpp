@@ -4,6 +4,8 @@
 // out its shared-memory transports, so both run over tcp here (the plane's tests cover shared
 // memory). Destination memory is poisoned first and every byte is checked. The peer's worker is
 // progressed by its own thread, as a remote node would be.
+#include "ucx_handles.hpp"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -12,7 +14,6 @@
 #include <thread>
 
 #include "kvnode/gpu/chunk_pool.hpp"
-#include "ucx_handles.hpp"
 #include "support/must.hpp"
 
 namespace kvnode::transfer::ucx {
@@ -41,7 +42,8 @@ struct Peer {
       : context(must(Context::create(options_for(t)))),
         worker(must(Worker::create(context))),
         pool(must(gpu::ChunkPool::create(pool_options()))),
-        registration(must(Registration::map(context, pool.region().data(), pool.region().size()))) {}
+        registration(must(Registration::map(context, pool.region().data(), pool.region().size()))) {
+  }
   ~Peer() { stop(); }
 
   static gpu::PoolOptions pool_options() {

@@ -168,7 +168,8 @@ TEST(Decoding, NestedHugeHeadersDoNotMultiplyReservations) {
   // args: {"a": [[[... 990 arrays each claiming 2^32-1 elements ...]]]} followed by 4 MiB of zeros.
   // Reserving against the bytes left at every level would ask for hundreds of GB.
   std::string bytes = test::from_hex(
-      "82a474797065af4865617274626561745265744d7367a8636f6d6d616e64739182ac636f6d6d616e645f74797065a966756c6c5f73796e63"
+      "82a474797065af4865617274626561745265744d7367a8636f6d6d616e64739182ac636f6d6d616e645f74797065"
+      "a966756c6c5f73796e63"
       "a46172677381a161");
   for (int i = 0; i < 990; ++i) bytes += test::from_hex("ddffffffff");
   bytes.append(4 << 20, '\0');
@@ -176,9 +177,11 @@ TEST(Decoding, NestedHugeHeadersDoNotMultiplyReservations) {
 }
 
 TEST(Decoding, RepeatedIntKeysKeepFirstPositionAndLastValue) {
-  // error_codes with 1000 entries over 7 distinct keys: sorted, not hashed, so chosen keys are cheap.
+  // error_codes with 1000 entries over 7 distinct keys: sorted, not hashed, so chosen keys are
+  // cheap.
   std::string json = R"({"type":"HealthRetMsg","event_id":"e","error_codes":{)";
-  for (int i = 0; i < 1000; ++i) json += "\"" + std::to_string((i % 7) * 172933) + "\":" + std::to_string(i) + ",";
+  for (int i = 0; i < 1000; ++i)
+    json += "\"" + std::to_string((i % 7) * 172933) + "\":" + std::to_string(i) + ",";
   json.back() = '}';
   json += "}";
   auto r = decode(json);
@@ -203,9 +206,9 @@ TEST(Decoding, TagMayComeAnywhereAndUnknownKeysAreSkipped) {
 TEST(Decoding, KvEventsOfAnyShapeDecodeAlikeAndFailWithTheirPath) {
   BatchedKVOperationMsg batch{"i", 1, "L", {}};
   // Every msgpack int width, both signs, for key and seq_num; 2^64-1 only where ints may be.
-  const std::int64_t ints[] = {0, 1, 127, 128, 255, 256, 65535, 65536, -1, -32, -33, -128, -129,
-                               -32768, -32769, INT32_MIN, INT32_MAX, 1ll << 40, INT64_MIN,
-                               INT64_MAX};
+  const std::int64_t ints[] = {0,      1,         127,       128,       255,       256,      65535,
+                               65536,  -1,        -32,       -33,       -128,      -129,     -32768,
+                               -32769, INT32_MIN, INT32_MAX, 1ll << 40, INT64_MIN, INT64_MAX};
   for (const std::int64_t v : ints)
     batch.operations.push_back({v % 2 ? OpType::kAdmit : OpType::kEvict, ChunkHash(v), v});
   batch.operations.push_back({OpType::kAdmit, ChunkHash::from_unsigned(~0ull), 7});
@@ -229,7 +232,8 @@ TEST(Decoding, KvEventsOfAnyShapeDecodeAlikeAndFailWithTheirPath) {
   const std::string head =
       R"({"type":"BatchedKVOperationMsg","instance_id":"i","worker_id":1,"location":"L","operations":[)"
       R"({"op_type":"admit","key":5,"seq_num":1},)";
-  EXPECT_EQ(error_of(msgpack_of(head + R"({"op_type":"admit","key":5,"seq_num":18446744073709551615}]})")),
+  EXPECT_EQ(error_of(msgpack_of(head +
+                                R"({"op_type":"admit","key":5,"seq_num":18446744073709551615}]})")),
             "Expected `int` <= 9223372036854775807 - at `$.operations[1].seq_num`");
   EXPECT_EQ(error_of(msgpack_of(head + R"({"op_type":"admit","key":"5","seq_num":1}]})")),
             "Expected `int`, got `str` - at `$.operations[1].key`");
@@ -238,7 +242,8 @@ TEST(Decoding, KvEventsOfAnyShapeDecodeAlikeAndFailWithTheirPath) {
   EXPECT_EQ(error_of(msgpack_of(head + R"({"op_type":"admit","key":5}]})")),
             "Object missing required field `seq_num` - at `$.operations[1]`");
   // Cut inside the int that follows a matched prefix.
-  std::string cut = encode(Msg{BatchedKVOperationMsg{"i", 1, "L", {{OpType::kAdmit, ChunkHash(1ll << 40), 1}}}});
+  std::string cut =
+      encode(Msg{BatchedKVOperationMsg{"i", 1, "L", {{OpType::kAdmit, ChunkHash(1ll << 40), 1}}}});
   cut.resize(cut.size() - 12);
   EXPECT_EQ(error_of(cut), "Input data was truncated");
 }
@@ -247,8 +252,9 @@ TEST(Decoding, KvEventsOfAnyShapeDecodeAlikeAndFailWithTheirPath) {
 // come out exactly as the general decoder says.
 TEST(Decoding, HashListsOfAnyIntWidthDecodeAlikeAndFailWithTheirPath) {
   BatchedP2PLookupMsg lookup{{}, "i", 0};
-  const std::int64_t ints[] = {INT64_MIN, -1ll << 40, 0, 1, 127, 128, 65536, -33, INT32_MIN,
-                               INT64_MAX, 1ll << 40, -(1ll << 33), INT64_MIN + 1};
+  const std::int64_t ints[] = {
+      INT64_MIN, -1ll << 40, 0,         1,         127,          128,          65536,
+      -33,       INT32_MIN,  INT64_MAX, 1ll << 40, -(1ll << 33), INT64_MIN + 1};
   for (const std::int64_t v : ints) lookup.hashes.push_back(ChunkHash(v));
   lookup.hashes.push_back(ChunkHash::from_unsigned(~0ull));  // uint 64 between int 64s
   lookup.hashes.push_back(ChunkHash(-5ll << 50));
@@ -256,9 +262,11 @@ TEST(Decoding, HashListsOfAnyIntWidthDecodeAlikeAndFailWithTheirPath) {
   ASSERT_TRUE(r.ok()) << r.error().message;
   EXPECT_EQ(std::get<BatchedP2PLookupMsg>(*r), lookup);
 
-  const std::string head = R"({"type":"BatchedP2PLookupMsg","instance_id":"i","worker_id":0,"hashes":[)"
-                           R"(-4611686018427387904,-4611686018427387905,)";
-  EXPECT_EQ(error_of(msgpack_of(head + R"(5,"6"]})")), "Expected `int`, got `str` - at `$.hashes[3]`");
+  const std::string head =
+      R"({"type":"BatchedP2PLookupMsg","instance_id":"i","worker_id":0,"hashes":[)"
+      R"(-4611686018427387904,-4611686018427387905,)";
+  EXPECT_EQ(error_of(msgpack_of(head + R"(5,"6"]})")),
+            "Expected `int`, got `str` - at `$.hashes[3]`");
   EXPECT_EQ(error_of(msgpack_of(head + R"(-4611686018427387906,null]})")),
             "Expected `int`, got `None` - at `$.hashes[3]`");  // msgspec's word for msgpack nil
   // Cut anywhere inside the second of two 8-byte ints (no other 0xd3 byte in the message).
@@ -286,7 +294,8 @@ TEST(Decoding, LongListsOfSmallIntsDecodeInLinearTime) {
     const auto spent = std::chrono::steady_clock::now() - start;
     ASSERT_TRUE(r.ok()) << r.error().message;
     EXPECT_EQ(std::get<BatchedP2PLookupMsg>(*r).hashes, lookup.hashes);
-    EXPECT_LT(spent, std::chrono::seconds(5)) << "alternate " << alternate;  // linear: well under 0.1 s
+    EXPECT_LT(spent, std::chrono::seconds(5))
+        << "alternate " << alternate;  // linear: well under 0.1 s
   }
 }
 

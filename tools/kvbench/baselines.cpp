@@ -13,8 +13,9 @@ extern char** environ;
 
 namespace kvnode::bench {
 bool tcp_only(const std::string& tls) {
-  return !tls.empty() && tls.find("tcp") != std::string::npos && tls.find("shm") == std::string::npos &&
-         tls.find("cma") == std::string::npos && tls.find("rc") == std::string::npos;
+  return !tls.empty() && tls.find("tcp") != std::string::npos &&
+         tls.find("shm") == std::string::npos && tls.find("cma") == std::string::npos &&
+         tls.find("rc") == std::string::npos;
 }
 
 namespace {
@@ -62,14 +63,14 @@ std::vector<PerftestResult> run_perftest(const std::string& tls, std::size_t byt
   for (const std::string& test : tests) {
     const std::uint16_t port = free_port();
     // The server serves one test, then exits; the shell wrapper bounds it in case the client fails.
-    const std::string server = env_prefix(tls) + "timeout 60 ucx_perftest -p " + std::to_string(port) +
-                               " >/dev/null 2>&1 &";
+    const std::string server = env_prefix(tls) + "timeout 60 ucx_perftest -p " +
+                               std::to_string(port) + " >/dev/null 2>&1 &";
     if (std::system(server.c_str()) != 0) continue;
     std::this_thread::sleep_for(std::chrono::milliseconds(400));
     const std::string client = env_prefix(tls) + "timeout 60 ucx_perftest 127.0.0.1 -p " +
-                               std::to_string(port) + " -t " + test + " -s " + std::to_string(bytes) +
-                               " -n " + std::to_string(iterations) + " -w " +
-                               std::to_string(warmup) + " 2>&1";
+                               std::to_string(port) + " -t " + test + " -s " +
+                               std::to_string(bytes) + " -n " + std::to_string(iterations) +
+                               " -w " + std::to_string(warmup) + " 2>&1";
     if (const auto gbps = parse_final(run_capture(client))) out.push_back({test, *gbps});
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }

@@ -1,15 +1,15 @@
 // kvbench: benchmarks for operators. `kvbench transfer` measures the transfer plane between two
 // processes on loopback next to ucx_perftest and memcpy; `kvbench node` the whole node (moves
 // through kvcontroller, P2P retrieve) next to the raw plane (docs/benchmarks.md).
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <climits>
 #include <cstdio>
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "baselines.hpp"
 #include "node_bench.hpp"
@@ -42,7 +42,8 @@ int main(int argc, char** argv) {
   CLI::App app{"kvbench: kvnode benchmarks"};
   app.require_subcommand(1);
 
-  auto* transfer = app.add_subcommand("transfer", "the transfer plane between two processes on loopback");
+  auto* transfer =
+      app.add_subcommand("transfer", "the transfer plane between two processes on loopback");
   std::string tls = "default";
   std::size_t chunk_bytes = 2 << 20;
   std::size_t batch = 8;
@@ -51,27 +52,37 @@ int main(int argc, char** argv) {
   std::string protocol = "auto";
   bool json = false, quick = false, table = false, no_baselines = false, stage = false;
   transfer->add_option("--tls", tls, "UCX_TLS for both processes; 'default' leaves it to UCX");
-  transfer->add_option("--chunk-bytes", chunk_bytes, "bytes per chunk")->check(CLI::Range(std::size_t{4096}, std::size_t{1} << 30));
+  transfer->add_option("--chunk-bytes", chunk_bytes, "bytes per chunk")
+      ->check(CLI::Range(std::size_t{4096}, std::size_t{1} << 30));
   transfer->add_option("--batch", batch, "chunks per transfer")->check(CLI::Range(1, 4096));
   transfer->add_option("--op", op, "pull or push")->check(CLI::IsMember({"pull", "push"}));
-  transfer->add_option("--iters", iters, "most measured transfers per point")->check(CLI::Range(1, 100000));
-  transfer->add_option("--protocol", protocol, "auto, rma or am")->check(CLI::IsMember({"auto", "rma", "am"}));
+  transfer->add_option("--iters", iters, "most measured transfers per point")
+      ->check(CLI::Range(1, 100000));
+  transfer->add_option("--protocol", protocol, "auto, rma or am")
+      ->check(CLI::IsMember({"auto", "rma", "am"}));
   transfer->add_flag("--json", json, "one JSON object per line instead of a table");
-  transfer->add_flag("--quick", quick, "the whole table (tcp and default; 256 KiB, 2 MiB, 32 MiB; batches 1, 8, 64) in about a minute");
+  transfer->add_flag("--quick", quick,
+                     "the whole table (tcp and default; 256 KiB, 2 MiB, 32 MiB; batches 1, 8, 64) "
+                     "in about a minute");
   transfer->add_flag("--table", table, "the whole table with longer runs per point");
   transfer->add_flag("--no-baselines", no_baselines, "skip ucx_perftest and memcpy");
-  transfer->add_flag("--stage", stage,
-                     "move both pools through staging slots (the device-pool path, memcpy for CUDA)");
+  transfer->add_flag(
+      "--stage", stage,
+      "move both pools through staging slots (the device-pool path, memcpy for CUDA)");
 
-  auto* node_cmd = app.add_subcommand("node", "the whole node: moves through kvcontroller vs the raw plane, P2P retrieve");
+  auto* node_cmd = app.add_subcommand(
+      "node", "the whole node: moves through kvcontroller vs the raw plane, P2P retrieve");
   NodeBenchSpec node_spec;
   std::string node_tls = "default";
   node_cmd->add_option("--tls", node_tls, "UCX_TLS for the nodes; 'default' leaves it to UCX");
   node_cmd->add_option("--chunk-bytes", node_spec.chunk_bytes, "bytes per chunk")
       ->check(CLI::Range(std::size_t{4096}, std::size_t{1} << 30));
-  node_cmd->add_option("--chunks", node_spec.chunks, "chunks per move (64 or more for the 64-chunk retrieve)")
+  node_cmd
+      ->add_option("--chunks", node_spec.chunks,
+                   "chunks per move (64 or more for the 64-chunk retrieve)")
       ->check(CLI::Range(1, 4096));
-  node_cmd->add_option("--iters", node_spec.iterations, "moves each way, retrieves per size")->check(CLI::Range(1, 1000));
+  node_cmd->add_option("--iters", node_spec.iterations, "moves each way, retrieves per size")
+      ->check(CLI::Range(1, 1000));
   node_cmd->add_flag("--json", node_spec.json, "one JSON object instead of text");
 
   auto* serve_cmd = app.add_subcommand("serve", "(internal) the serving side of kvbench transfer");
@@ -84,7 +95,8 @@ int main(int argc, char** argv) {
   serve_cmd->add_flag("--stage", stage);
 
   CLI11_PARSE(app, argc, argv);
-  // Logs go to stderr, so stdout stays a table or JSON lines; the serving child only reports errors.
+  // Logs go to stderr, so stdout stays a table or JSON lines; the serving child only reports
+  // errors.
   spdlog::set_default_logger(spdlog::stderr_color_mt("kvbench"));
   spdlog::set_level(serve_cmd->parsed() ? spdlog::level::err : spdlog::level::warn);
   if (serve_cmd->parsed()) return serve(port_file, chunk_bytes, pages, stage);
@@ -99,7 +111,8 @@ int main(int argc, char** argv) {
   auto tls_value = [](const std::string& t) { return t == "default" ? std::string() : t; };
   if (quick || table) {
     for (const std::string t : {"tcp", "default"})
-      for (const std::size_t c : {std::size_t{256} << 10, std::size_t{2} << 20, std::size_t{32} << 20}) {
+      for (const std::size_t c :
+           {std::size_t{256} << 10, std::size_t{2} << 20, std::size_t{32} << 20}) {
         GroupSpec g;
         g.self = self;
         g.tls = tls_value(t);
@@ -140,7 +153,10 @@ int main(int argc, char** argv) {
 
   if (json) {
     if (memcpy_ceiling > 0)
-      std::printf("%s\n", nlohmann::json{{"kind", "memcpy"}, {"bytes", 256 << 20}, {"gbps", memcpy_ceiling}}.dump().c_str());
+      std::printf("%s\n",
+                  nlohmann::json{{"kind", "memcpy"}, {"bytes", 256 << 20}, {"gbps", memcpy_ceiling}}
+                      .dump()
+                      .c_str());
   } else {
     if (memcpy_ceiling > 0) std::printf("memcpy, one thread, 256 MiB: %.2f GB/s\n", memcpy_ceiling);
     std::printf("%-8s %-4s %-8s %5s %-12s %8s %10s %10s %10s %18s %8s %8s\n", "tls", "op", "chunk",
@@ -149,20 +165,30 @@ int main(int argc, char** argv) {
   }
   int failures = 0;
   for (const GroupSpec& g : groups) {
-    const Baseline base = perftest.count({g.tls, g.chunk_bytes}) ? perftest[{g.tls, g.chunk_bytes}] : Baseline{};
+    const Baseline base =
+        perftest.count({g.tls, g.chunk_bytes}) ? perftest[{g.tls, g.chunk_bytes}] : Baseline{};
     for (const PointResult& r : run_group(g)) {
       const std::string t = r.spec.tls.empty() ? "default" : r.spec.tls;
       const double ratio = base.gbps > 0 ? r.gbps / base.gbps : 0;
       const double vs_memcpy = memcpy_ceiling > 0 ? r.gbps / memcpy_ceiling : 0;
       if (!r.error.empty()) ++failures;
       if (json) {
-        nlohmann::json j{{"kind", "transfer"}, {"tls", t}, {"op", r.spec.pull ? "pull" : "push"},
-                         {"chunk_bytes", r.spec.chunk_bytes}, {"batch", r.spec.batch},
-                         {"gbps", r.gbps}, {"chunks_per_s", r.chunks_per_s}, {"p50_us", r.p50_us},
-                         {"p99_us", r.p99_us}, {"iterations", r.iterations},
-                         {"protocol", r.protocol}, {"transport", r.transport},
-                         {"perftest_test", base.test}, {"perftest_gbps", base.gbps},
-                         {"ratio_perftest", ratio}, {"ratio_memcpy", vs_memcpy}};
+        nlohmann::json j{{"kind", "transfer"},
+                         {"tls", t},
+                         {"op", r.spec.pull ? "pull" : "push"},
+                         {"chunk_bytes", r.spec.chunk_bytes},
+                         {"batch", r.spec.batch},
+                         {"gbps", r.gbps},
+                         {"chunks_per_s", r.chunks_per_s},
+                         {"p50_us", r.p50_us},
+                         {"p99_us", r.p99_us},
+                         {"iterations", r.iterations},
+                         {"protocol", r.protocol},
+                         {"transport", r.transport},
+                         {"perftest_test", base.test},
+                         {"perftest_gbps", base.gbps},
+                         {"ratio_perftest", ratio},
+                         {"ratio_memcpy", vs_memcpy}};
         if (!r.error.empty()) j["error"] = r.error;
         std::printf("%s\n", j.dump().c_str());
       } else if (!r.error.empty()) {
@@ -170,10 +196,12 @@ int main(int argc, char** argv) {
                     size_text(r.spec.chunk_bytes).c_str(), r.spec.batch, r.error.c_str());
       } else {
         const std::string path = r.protocol + "/" + r.transport;
-        const std::string pt = base.gbps > 0 ? std::to_string(base.gbps).substr(0, 5) + " " + base.test : "n/a";
-        std::printf("%-8s %-4s %-8s %5zu %-12s %8.2f %10.0f %10.0f %10.0f %18s %8.2f %8.2f\n", t.c_str(),
-                    r.spec.pull ? "pull" : "push", size_text(r.spec.chunk_bytes).c_str(), r.spec.batch,
-                    path.c_str(), r.gbps, r.chunks_per_s, r.p50_us, r.p99_us, pt.c_str(), ratio, vs_memcpy);
+        const std::string pt =
+            base.gbps > 0 ? std::to_string(base.gbps).substr(0, 5) + " " + base.test : "n/a";
+        std::printf("%-8s %-4s %-8s %5zu %-12s %8.2f %10.0f %10.0f %10.0f %18s %8.2f %8.2f\n",
+                    t.c_str(), r.spec.pull ? "pull" : "push", size_text(r.spec.chunk_bytes).c_str(),
+                    r.spec.batch, path.c_str(), r.gbps, r.chunks_per_s, r.p50_us, r.p99_us,
+                    pt.c_str(), ratio, vs_memcpy);
       }
       std::fflush(stdout);
     }

@@ -22,11 +22,13 @@ namespace kvnode::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using nlohmann::json;
 using client::ChunkKeys;
 using client::LocalClient;
+using nlohmann::json;
 
-std::string dir_of(const std::string& path) { return path.substr(0, path.rfind('/') + 1); }
+std::string dir_of(const std::string& path) {
+  return path.substr(0, path.rfind('/') + 1);
+}
 
 }  // namespace
 
@@ -38,20 +40,34 @@ int run_node_bench(const NodeBenchSpec& s) {
   // Each pool holds a move's chunks and a retrieve's, with room to spare.
   const double pool_gb = static_cast<double>((s.chunks + 64 + 8) * s.chunk_bytes) / 1e9;
 
-  Child controller({bin + "kvcontroller", "--host", "127.0.0.1", "--port", std::to_string(http), "--log-level", "warn",
-                    "--monitor-ports",
+  Child controller({bin + "kvcontroller", "--host", "127.0.0.1", "--port", std::to_string(http),
+                    "--log-level", "warn", "--monitor-ports",
                     "{\"pull\": " + std::to_string(pull) + ", \"reply\": " + std::to_string(reply) +
                         ", \"heartbeat\": " + std::to_string(hb) + "}"});
   auto start_node = [&](const std::string& name) {
-    std::vector<std::string> args = {bin + "kvnode", "--instance-id", name,
-                                     "--controller-pull-url", "127.0.0.1:" + std::to_string(pull),
-                                     "--controller-reply-url", "127.0.0.1:" + std::to_string(reply),
-                                     "--chunk-bytes", std::to_string(s.chunk_bytes),
-                                     "--chunk-size", std::to_string(tokens_per_chunk),
-                                     "--max-local-cpu-size", std::to_string(pool_gb),
-                                     "--heartbeat-time", "1", "--full-sync-startup-delay", "0",
-                                     "--http-port", "-1", "--log-level", "warn",
-                                     "--local-socket", work + "-" + name + ".sock"};
+    std::vector<std::string> args = {bin + "kvnode",
+                                     "--instance-id",
+                                     name,
+                                     "--controller-pull-url",
+                                     "127.0.0.1:" + std::to_string(pull),
+                                     "--controller-reply-url",
+                                     "127.0.0.1:" + std::to_string(reply),
+                                     "--chunk-bytes",
+                                     std::to_string(s.chunk_bytes),
+                                     "--chunk-size",
+                                     std::to_string(tokens_per_chunk),
+                                     "--max-local-cpu-size",
+                                     std::to_string(pool_gb),
+                                     "--heartbeat-time",
+                                     "1",
+                                     "--full-sync-startup-delay",
+                                     "0",
+                                     "--http-port",
+                                     "-1",
+                                     "--log-level",
+                                     "warn",
+                                     "--local-socket",
+                                     work + "-" + name + ".sock"};
     if (!s.tls.empty()) args.insert(args.end(), {"--ucx-tls", s.tls});
     if (s.tls == "tcp") args.insert(args.end(), {"--ucx-net-devices", "lo"});
     return std::make_unique<Child>(args);
@@ -71,7 +87,8 @@ int run_node_bench(const NodeBenchSpec& s) {
   };
   std::unique_ptr<LocalClient> a = connect("bench-a"), b = connect("bench-b");
   if (!a || !b) {
-    std::fprintf(stderr, "kvbench node: the nodes did not start (kvnode beside kvbench in %s?)\n", bin.c_str());
+    std::fprintf(stderr, "kvbench node: the nodes did not start (kvnode beside kvbench in %s?)\n",
+                 bin.c_str());
     return 1;
   }
 
@@ -84,7 +101,8 @@ int run_node_bench(const NodeBenchSpec& s) {
     Result<std::size_t> put = a->put(ChunkKeys::of_hashes(hashes), data);
     if (put && *put == s.chunks) break;
     if (Clock::now() > until) {
-      std::fprintf(stderr, "kvbench node: put failed: %s\n", put ? "short" : put.error().message.c_str());
+      std::fprintf(stderr, "kvbench node: put failed: %s\n",
+                   put ? "short" : put.error().message.c_str());
       return 1;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -97,11 +115,17 @@ int run_node_bench(const NodeBenchSpec& s) {
     if (!r || r->status != 200) return nullptr;
     return json::parse(r->body, nullptr, false);
   };
-  auto post = [&](const std::string& path, const json& body) { return post_text(path, body.dump()); };
+  auto post = [&](const std::string& path, const json& body) {
+    return post_text(path, body.dump());
+  };
   // A move's body, written before the clock starts (the orchestrator has its tokens already).
-  auto move_body = [](const std::string& from, const std::string& to, const std::vector<std::int64_t>& t) {
-    return json{{"old_position", {from, "LocalCPUBackend"}}, {"new_position", {to, "LocalCPUBackend"}},
-                {"tokens", t}, {"should_copy", false}}.dump();
+  auto move_body = [](const std::string& from, const std::string& to,
+                      const std::vector<std::int64_t>& t) {
+    return json{{"old_position", {from, "LocalCPUBackend"}},
+                {"new_position", {to, "LocalCPUBackend"}},
+                {"tokens", t},
+                {"should_copy", false}}
+        .dump();
   };
   auto indexed_at = [&](const std::string& who) {
     json j;
@@ -112,8 +136,10 @@ int run_node_bench(const NodeBenchSpec& s) {
         return true;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    std::fprintf(stderr, "kvbench node: the controller never indexed all %zu tokens at %s; its last lookup: %s\n",
-                 tokens.size(), who.c_str(), j.dump().c_str());
+    std::fprintf(
+        stderr,
+        "kvbench node: the controller never indexed all %zu tokens at %s; its last lookup: %s\n",
+        tokens.size(), who.c_str(), j.dump().c_str());
     auto m = api.Get("/metrics");
     if (m) std::fprintf(stderr, "%s\n", m->body.c_str());
     return false;
@@ -129,7 +155,8 @@ int run_node_bench(const NodeBenchSpec& s) {
     json j = post_text("/move", body);
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     if (!j.is_object() || j.value("num_tokens", 0) != static_cast<std::int64_t>(tokens.size())) {
-      std::fprintf(stderr, "kvbench node: move %s -> %s failed: %s\n", from.c_str(), to.c_str(), j.dump().c_str());
+      std::fprintf(stderr, "kvbench node: move %s -> %s failed: %s\n", from.c_str(), to.c_str(),
+                   j.dump().c_str());
       return 1;
     }
     move_s.push_back(secs);
@@ -165,16 +192,19 @@ int run_node_bench(const NodeBenchSpec& s) {
   // (2) P2P retrieve at B (A holds everything after an even number of moves), B cleared first.
   auto retrieve_us = [&](std::size_t n) {
     std::vector<double> us;
-    const std::vector<std::int64_t> want(hashes.begin(), hashes.begin() + static_cast<std::ptrdiff_t>(n));
+    const std::vector<std::int64_t> want(hashes.begin(),
+                                         hashes.begin() + static_cast<std::ptrdiff_t>(n));
     for (std::size_t i = 0; i < s.iterations; ++i) {
       post("/clear", {{"instance_id", "bench-b"}, {"location", "LocalCPUBackend"}});
       const auto t0 = Clock::now();
       Result<client::RetrieveReply> r = b->retrieve(ChunkKeys::of_hashes(want));
       const double t = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
       if (!r || r->chunks != n || r->pulled != n) {
-        std::fprintf(stderr, "kvbench node: retrieve of %zu chunks: %s\n", n,
-                     r ? ("held " + std::to_string(r->chunks) + ", pulled " + std::to_string(r->pulled)).c_str()
-                       : r.error().message.c_str());
+        std::fprintf(
+            stderr, "kvbench node: retrieve of %zu chunks: %s\n", n,
+            r ? ("held " + std::to_string(r->chunks) + ", pulled " + std::to_string(r->pulled))
+                    .c_str()
+              : r.error().message.c_str());
         return -1.0;
       }
       us.push_back(t);
@@ -187,17 +217,24 @@ int run_node_bench(const NodeBenchSpec& s) {
   const std::string t = s.tls.empty() ? "default" : s.tls;
   const double ratio = raw_gbps > 0 ? move_gbps / raw_gbps : 0;
   if (s.json) {
-    std::printf("%s\n", json{{"kind", "node"}, {"tls", t}, {"chunk_bytes", s.chunk_bytes}, {"chunks", s.chunks},
-                             {"move_gbps", move_gbps}, {"move_p50_ms", median(move_s) * 1e3},
+    std::printf("%s\n", json{{"kind", "node"},
+                             {"tls", t},
+                             {"chunk_bytes", s.chunk_bytes},
+                             {"chunks", s.chunks},
+                             {"move_gbps", move_gbps},
+                             {"move_p50_ms", median(move_s) * 1e3},
                              {"control_p50_ms", median(control_s) * 1e3},
-                             {"raw_push_gbps", raw_gbps}, {"ratio", ratio},
-                             {"retrieve_1_p50_us", r1}, {"retrieve_64_p50_us", r64}}
+                             {"raw_push_gbps", raw_gbps},
+                             {"ratio", ratio},
+                             {"retrieve_1_p50_us", r1},
+                             {"retrieve_64_p50_us", r64}}
                             .dump()
                             .c_str());
   } else {
-    std::printf("kvbench node: tls %s, %zu chunks of %zu KiB per move, %zu iterations\n", t.c_str(), s.chunks,
-                s.chunk_bytes >> 10, s.iterations);
-    std::printf("  move via /move (call to answer)  %8.2f GB/s  p50 %.1f ms\n", move_gbps, median(move_s) * 1e3);
+    std::printf("kvbench node: tls %s, %zu chunks of %zu KiB per move, %zu iterations\n", t.c_str(),
+                s.chunks, s.chunk_bytes >> 10, s.iterations);
+    std::printf("  move via /move (call to answer)  %8.2f GB/s  p50 %.1f ms\n", move_gbps,
+                median(move_s) * 1e3);
     std::printf("  control path only (nothing held) p50 %.2f ms\n", median(control_s) * 1e3);
     std::printf("  raw plane push, same batch       %8.2f GB/s  (%s)\n", raw_gbps,
                 raw.empty() ? "not run" : (raw[0].protocol + "/" + raw[0].transport).c_str());

@@ -12,13 +12,13 @@
 namespace kvnode::bench {
 
 struct NodeBenchSpec {
-  std::string self;             // this executable: kvcontroller and kvnode are beside it
-  std::string tls;              // UCX_TLS for the nodes and the raw plane; empty: UCX's default
+  std::string self;  // this executable: kvcontroller and kvnode are beside it
+  std::string tls;   // UCX_TLS for the nodes and the raw plane; empty: UCX's default
   std::size_t chunk_bytes = 2 << 20;
   std::size_t chunks = 64;      // per move
   std::size_t iterations = 10;  // moves each way, retrieves per size
   bool json = false;
-  int base_port = 19400;        // kvcontroller and the nodes use ports from here
+  int base_port = 19400;  // kvcontroller and the nodes use ports from here
 };
 
 // Prints the results; returns the process exit code.

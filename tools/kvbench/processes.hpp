@@ -2,9 +2,10 @@
 // their handle goes, free loopback ports, and percentiles.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <string>
-#include <sys/types.h>
 #include <vector>
 
 namespace kvnode::bench {
@@ -29,6 +30,8 @@ std::uint16_t free_port();
 
 // The q-quantile (0..1, nearest rank) of `v`; 0 when empty.
 double percentile(std::vector<double> v, double q);
-inline double median(std::vector<double> v) { return percentile(std::move(v), 0.5); }
+inline double median(std::vector<double> v) {
+  return percentile(std::move(v), 0.5);
+}
 
 }  // namespace kvnode::bench

@@ -9,9 +9,9 @@
 #include <optional>
 #include <thread>
 
+#include "baselines.hpp"
 #include "kvnode/gpu/chunk_pool.hpp"
 #include "kvnode/transfer/plane.hpp"
-#include "baselines.hpp"
 #include "processes.hpp"
 
 extern char** environ;
@@ -26,7 +26,8 @@ class ServedPeer {
  public:
   ServedPeer(const GroupSpec& g, std::size_t pages)
       : file_(fresh_file()), env_(env_of(g)), child_(argv(g, pages, file_), &env_) {
-    for (auto until = Clock::now() + std::chrono::seconds(30); child_.started() && Clock::now() < until;
+    for (auto until = Clock::now() + std::chrono::seconds(30);
+         child_.started() && Clock::now() < until;
          std::this_thread::sleep_for(std::chrono::milliseconds(10))) {
       std::ifstream in(file_);
       if (in >> url_) break;
@@ -37,14 +38,18 @@ class ServedPeer {
   const std::string& url() const { return url_; }
 
  private:
-  static std::vector<std::string> argv(const GroupSpec& g, std::size_t pages, const std::string& file) {
-    std::vector<std::string> a = {g.self, "serve", "--port-file", file, "--chunk-bytes",
-                                  std::to_string(g.chunk_bytes), "--pages", std::to_string(pages)};
+  static std::vector<std::string> argv(const GroupSpec& g, std::size_t pages,
+                                       const std::string& file) {
+    std::vector<std::string> a = {g.self,          "serve",
+                                  "--port-file",   file,
+                                  "--chunk-bytes", std::to_string(g.chunk_bytes),
+                                  "--pages",       std::to_string(pages)};
     if (g.stage) a.push_back("--stage");
     return a;
   }
   static std::string fresh_file() {
-    std::string f = "/tmp/kvbench-peer-" + std::to_string(getpid()) + "-" + std::to_string(counter_++);
+    std::string f =
+        "/tmp/kvbench-peer-" + std::to_string(getpid()) + "-" + std::to_string(counter_++);
     std::remove(f.c_str());
     return f;
   }
@@ -65,8 +70,8 @@ class ServedPeer {
   std::string url_;
 };
 
-PointResult run_point(transfer::TransferPlane& plane, const std::string& peer, const PointSpec& spec,
-                      const GroupSpec& g) {
+PointResult run_point(transfer::TransferPlane& plane, const std::string& peer,
+                      const PointSpec& spec, const GroupSpec& g) {
   PointResult out;
   out.spec = spec;
   // Scattered pages, one UCX operation per chunk: the honest case (adjacent pages coalesce).
@@ -76,7 +81,8 @@ PointResult run_point(transfer::TransferPlane& plane, const std::string& peer, c
   auto once = [&]() -> std::optional<transfer::TransferResult> {
     transfer::TransferOptions o;
     o.deadline = std::chrono::seconds(60);
-    transfer::TransferResult r = spec.pull ? plane.pull(peer, pages, o).get() : plane.push(peer, pages, o).get();
+    transfer::TransferResult r =
+        spec.pull ? plane.pull(peer, pages, o).get() : plane.push(peer, pages, o).get();
     if (!r.ok()) {
       out.error = std::string(transfer::to_string(r.failure)) + ": " + r.message;
       return std::nullopt;
@@ -141,7 +147,8 @@ std::vector<PointResult> run_group(const GroupSpec& g) {
   if (!plane) return fail_all(plane.error().message);
   for (std::size_t b : g.batches)
     for (bool pull : g.ops)
-      results.push_back(run_point(**plane, peer.url(), PointSpec{g.tls, g.chunk_bytes, b, pull, g.protocol}, g));
+      results.push_back(
+          run_point(**plane, peer.url(), PointSpec{g.tls, g.chunk_bytes, b, pull, g.protocol}, g));
   return results;
 }
 

@@ -4,20 +4,19 @@
 // 1 when the controller cannot be reached or answers an error (printed; also a health code other
 // than 0 and a check-finish of a failed call), 2 on bad input, 3 when a move moved less than the
 // source held (kExitPartialMove).
+#include <httplib.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <httplib.h>
-#include <nlohmann/json.hpp>
 
 #include "cli_support.hpp"
 #include "commands.hpp"
@@ -36,7 +35,8 @@ struct Target {
 
 std::pair<std::string, int> split_host_port(const std::string& hp) {
   const auto colon = hp.rfind(':');
-  if (colon == std::string::npos || colon == 0) fail(2, "--controller: expected host:port, got '" + hp + "'");
+  if (colon == std::string::npos || colon == 0)
+    fail(2, "--controller: expected host:port, got '" + hp + "'");
   try {
     const int port = std::stoi(hp.substr(colon + 1));
     if (port <= 0 || port > 65535) throw std::out_of_range("port");
@@ -50,16 +50,19 @@ std::pair<std::string, int> split_host_port(const std::string& hp) {
 // full, dead or frozen): the rest stays at the source. 1 is an error answer, 2 bad input.
 constexpr int kExitPartialMove = 3;
 
-json call(const Target& t, const std::string& method, const std::string& path, const json& body = {}) {
+json call(const Target& t, const std::string& method, const std::string& path,
+          const json& body = {}) {
   const auto [host, port] = split_host_port(t.controller);
   httplib::Client client(host, port);
   client.set_connection_timeout(std::chrono::seconds(5));
   const auto timeout = std::chrono::milliseconds(static_cast<long>(t.timeout_s * 1000));
   client.set_read_timeout(timeout);
   client.set_write_timeout(timeout);
-  const httplib::Result r = method == "GET" ? client.Get(path)
-                                            : client.Post(path, body.dump(), "application/json");
-  if (!r) fail(1, "no answer from the controller at " + t.controller + path + " (" + httplib::to_string(r.error()) + ")");
+  const httplib::Result r =
+      method == "GET" ? client.Get(path) : client.Post(path, body.dump(), "application/json");
+  if (!r)
+    fail(1, "no answer from the controller at " + t.controller + path + " (" +
+                httplib::to_string(r.error()) + ")");
   json j = json::parse(r->body, nullptr, /*allow_exceptions=*/false);
   if (r->status != 200) {
     const std::string detail = j.is_object() && j.contains("detail") ? j["detail"].dump() : r->body;
@@ -78,7 +81,8 @@ void print(const Target& t, const json& j, const std::string& human) {
 
 // The leading tokens `instance` holds by the controller's index, or nullopt when the lookup
 // fails (the move then goes ahead and is judged against the tokens asked).
-std::optional<std::int64_t> held_by(const Target& t, const std::string& instance, const std::vector<std::int64_t>& tokens) {
+std::optional<std::int64_t> held_by(const Target& t, const std::string& instance,
+                                    const std::vector<std::int64_t>& tokens) {
   try {
     const json j = call(t, "POST", "/lookup", {{"tokens", tokens}});
     const json layout = j.value("layout_info", json::object());
@@ -96,9 +100,11 @@ std::optional<std::int64_t> held_by(const Target& t, const std::string& instance
 void add_controller_commands(CLI::App& app) {
   auto target = std::make_shared<Target>();
   auto common = [target](CLI::App* c) {
-    c->add_option("--controller", target->controller, "the controller's HTTP host:port")->capture_default_str();
+    c->add_option("--controller", target->controller, "the controller's HTTP host:port")
+        ->capture_default_str();
     c->add_flag("--json", target->json_out, "print the controller's JSON");
-    c->add_option("--timeout", target->timeout_s, "seconds to wait for an answer")->capture_default_str();
+    c->add_option("--timeout", target->timeout_s, "seconds to wait for an answer")
+        ->capture_default_str();
   };
 
   auto lookup_tokens = std::make_shared<TokenArgs>();
@@ -111,7 +117,8 @@ void add_controller_commands(CLI::App& app) {
     const json layout = j.value("layout_info", json::object());
     for (const auto& [instance, where] : layout.items())
       human += instance + "  " + where[0].get<std::string>() + "  " + where[1].dump() + " tokens\n";
-    print(*target, j, human.empty() ? "no instance holds these tokens" : human.substr(0, human.size() - 1));
+    print(*target, j,
+          human.empty() ? "no instance holds these tokens" : human.substr(0, human.size() - 1));
   });
 
   struct MoveArgs {
@@ -121,7 +128,8 @@ void add_controller_commands(CLI::App& app) {
     TokenArgs tokens;
   };
   auto m = std::make_shared<MoveArgs>();
-  auto* move = app.add_subcommand("move", "move (or copy) the stored prefix of tokens between instances");
+  auto* move =
+      app.add_subcommand("move", "move (or copy) the stored prefix of tokens between instances");
   common(move);
   move->add_option("--from", m->from, "source instance id")->required();
   move->add_option("--to", m->to, "destination instance id")->required();
@@ -134,9 +142,11 @@ void add_controller_commands(CLI::App& app) {
     const std::vector<std::int64_t> tokens = m->tokens.get();
     // What the source holds before: a move that confirms less moved only part of it.
     const std::int64_t asked = static_cast<std::int64_t>(tokens.size());
-    const std::int64_t held = tokens.empty() ? 0 : held_by(*target, m->from, tokens).value_or(asked);
+    const std::int64_t held =
+        tokens.empty() ? 0 : held_by(*target, m->from, tokens).value_or(asked);
     if (!target->json_out)
-      std::cerr << "moving " << tokens.size() << " tokens " << m->from << " -> " << m->to << " ...\n";
+      std::cerr << "moving " << tokens.size() << " tokens " << m->from << " -> " << m->to
+                << " ...\n";
     const auto t0 = Clock::now();
     // The controller answers when the move is done; on a terminal, show that it is running.
     std::atomic<bool> done{false};
@@ -145,7 +155,8 @@ void add_controller_commands(CLI::App& app) {
       progress = std::thread([&] {
         while (!done) {
           std::this_thread::sleep_for(std::chrono::milliseconds(200));
-          std::cerr << "\r  " << std::chrono::duration<double>(Clock::now() - t0).count() << " s" << std::flush;
+          std::cerr << "\r  " << std::chrono::duration<double>(Clock::now() - t0).count() << " s"
+                    << std::flush;
         }
         std::cerr << "\r";
       });
@@ -156,8 +167,10 @@ void add_controller_commands(CLI::App& app) {
     json j;
     try {
       j = call(*target, "POST", "/move",
-               {{"old_position", {m->from, m->location}}, {"new_position", {m->to, m->location}},
-                {"tokens", tokens}, {"should_copy", m->copy}});
+               {{"old_position", {m->from, m->location}},
+                {"new_position", {m->to, m->location}},
+                {"tokens", tokens},
+                {"should_copy", m->copy}});
     } catch (...) {
       stop_progress();
       throw;
@@ -176,8 +189,8 @@ void add_controller_commands(CLI::App& app) {
     j["seconds"] = seconds;
     const bool partial = moved < held;
     if (partial)
-      human << "; partial: " << m->from << " held " << held << " of these tokens, the rest stays there (exit "
-            << kExitPartialMove << ")";
+      human << "; partial: " << m->from << " held " << held
+            << " of these tokens, the rest stays there (exit " << kExitPartialMove << ")";
     print(*target, j, human.str());
     if (partial) throw CLI::RuntimeError(kExitPartialMove);
   });
@@ -192,7 +205,8 @@ void add_controller_commands(CLI::App& app) {
   clear->add_option("--instance", cl->instance)->required();
   clear->add_option("--location", cl->location)->capture_default_str();
   clear->callback([target, cl] {
-    const json j = call(*target, "POST", "/clear", {{"instance_id", cl->instance}, {"location", cl->location}});
+    const json j = call(*target, "POST", "/clear",
+                        {{"instance_id", cl->instance}, {"location", cl->location}});
     print(*target, j, "cleared " + j.value("num_tokens", json(0)).dump() + " tokens");
   });
   auto pi = std::make_shared<InstanceArgs>();
@@ -202,8 +216,9 @@ void add_controller_commands(CLI::App& app) {
   pin->add_option("--location", pi->location)->capture_default_str();
   pi->tokens.add(pin);
   pin->callback([target, pi] {
-    const json j = call(*target, "POST", "/pin",
-                        {{"instance_id", pi->instance}, {"location", pi->location}, {"tokens", pi->tokens.get()}});
+    const json j = call(
+        *target, "POST", "/pin",
+        {{"instance_id", pi->instance}, {"location", pi->location}, {"tokens", pi->tokens.get()}});
     print(*target, j, "pinned " + j.value("num_tokens", json(0)).dump() + " tokens");
   });
   auto he = std::make_shared<std::string>();
@@ -219,11 +234,14 @@ void add_controller_commands(CLI::App& app) {
       human += "worker " + w + ": " + (code == 0 ? "healthy" : "error " + code.dump()) + "\n";
       healthy = healthy && code == 0;
     }
-    print(*target, j, human.empty() ? "instance '" + *he + "' has no workers at the controller" : human.substr(0, human.size() - 1));
+    print(*target, j,
+          human.empty() ? "instance '" + *he + "' has no workers at the controller"
+                        : human.substr(0, human.size() - 1));
     if (!healthy) throw CLI::RuntimeError(1);
   });
   auto ev = std::make_shared<std::string>();
-  auto* check = app.add_subcommand("check-finish", "the outcome of an earlier call, by its event id");
+  auto* check =
+      app.add_subcommand("check-finish", "the outcome of an earlier call, by its event id");
   common(check);
   check->add_option("event_id", *ev)->required();
   check->callback([target, ev] {

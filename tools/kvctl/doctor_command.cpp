@@ -3,10 +3,9 @@
 // GPU or NIC is a fact to report, not an error.
 #include <iomanip>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "commands.hpp"
 #include "kvnode/gpu/device_probe.hpp"
@@ -38,23 +37,31 @@ std::string cuda_version(int v) {
 json to_json(const Report& r) {
   json rdma = json::array();
   for (const auto& d : r.rdma.devices) {
-    rdma.push_back({{"name", d.name}, {"node_guid", d.node_guid}, {"numa_node", d.numa_node},
+    rdma.push_back({{"name", d.name},
+                    {"node_guid", d.node_guid},
+                    {"numa_node", d.numa_node},
                     {"pci_path", d.pci_path}});
   }
   json cuda = json::array();
   for (const auto& d : r.cuda.devices) {
-    cuda.push_back({{"index", d.index}, {"name", d.name}, {"pci_bus_id", d.pci_bus_id},
+    cuda.push_back({{"index", d.index},
+                    {"name", d.name},
+                    {"pci_bus_id", d.pci_bus_id},
                     {"total_memory", d.total_memory}});
   }
   return {{"kvnode_version", KVNODE_VERSION},
           {"ucx",
-           {{"version", r.ucx.version}, {"transports", r.ucx.transports},
-            {"memory_types", r.ucx.memory_types}, {"note", r.ucx.note}}},
+           {{"version", r.ucx.version},
+            {"transports", r.ucx.transports},
+            {"memory_types", r.ucx.memory_types},
+            {"note", r.ucx.note}}},
           {"rdma", {{"devices", rdma}, {"note", r.rdma.note}}},
           {"cuda",
            {{"built_with_cuda", r.cuda.built_with_cuda},
             {"runtime_version", r.cuda.runtime_version},
-            {"driver_version", r.cuda.driver_version}, {"devices", cuda}, {"note", r.cuda.note}}}};
+            {"driver_version", r.cuda.driver_version},
+            {"devices", cuda},
+            {"note", r.cuda.note}}}};
 }
 
 void row(const std::string& key, const std::string& value) {
@@ -70,8 +77,8 @@ void print_table(const Report& r) {
   if (!r.ucx.note.empty()) row("note", r.ucx.note);
   std::cout << "RDMA\n";
   for (const auto& d : r.rdma.devices) {
-    row(d.name, "guid " + d.node_guid + "  numa " + std::to_string(d.numa_node) + "  " +
-                    d.pci_path);
+    row(d.name,
+        "guid " + d.node_guid + "  numa " + std::to_string(d.numa_node) + "  " + d.pci_path);
   }
   if (!r.rdma.note.empty()) row("note", r.rdma.note);
   std::cout << "CUDA\n";

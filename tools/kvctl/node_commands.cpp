@@ -8,12 +8,11 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "chunk_pattern.hpp"
 #include "cli_support.hpp"
@@ -57,7 +56,8 @@ std::vector<std::int64_t> hashes_of(LocalClient& c, const NodeArgs& a) {
 
 std::string where(const LocalClient& c) {
   const auto& i = c.info();
-  return i.instance + " rank " + std::to_string(i.worker_id) + (c.shared_memory() ? " (shared memory)" : " (inline)");
+  return i.instance + " rank " + std::to_string(i.worker_id) +
+         (c.shared_memory() ? " (shared memory)" : " (inline)");
 }
 
 std::string mib(double bytes) {
@@ -67,7 +67,9 @@ std::string mib(double bytes) {
   return o.str();
 }
 
-void print(const NodeArgs& a, const json& j, const std::string& human) { std::cout << (a.json_out ? j.dump() : human) << "\n"; }
+void print(const NodeArgs& a, const json& j, const std::string& human) {
+  std::cout << (a.json_out ? j.dump() : human) << "\n";
+}
 
 // With --retrieve: pull what the node lacks from its peers first (P2P).
 json maybe_retrieve(LocalClient& c, const NodeArgs& a, const std::vector<std::int64_t>& hashes) {
@@ -77,13 +79,15 @@ json maybe_retrieve(LocalClient& c, const NodeArgs& a, const std::vector<std::in
   if (!r) fail(1, "retrieve: " + r.error().message);
   const double s = std::chrono::duration<double>(Clock::now() - t0).count();
   if (!a.json_out)
-    std::cerr << "retrieved " << r->pulled << " chunks from " << (r->peer.empty() ? "no peer" : r->peer) << " in "
-              << s * 1e3 << " ms; " << r->chunks << " of " << hashes.size() << " held\n";
+    std::cerr << "retrieved " << r->pulled << " chunks from "
+              << (r->peer.empty() ? "no peer" : r->peer) << " in " << s * 1e3 << " ms; "
+              << r->chunks << " of " << hashes.size() << " held\n";
   return json{{"pulled", r->pulled}, {"held", r->chunks}, {"peer", r->peer}, {"seconds", s}};
 }
 
 void add_common(CLI::App* c, NodeArgs& a) {
-  c->add_option("--node", a.socket, "the node's local socket (kvnode logs it at start)")->required();
+  c->add_option("--node", a.socket, "the node's local socket (kvnode logs it at start)")
+      ->required();
   c->add_flag("--json", a.json_out, "print JSON");
   a.tokens.add(c);
 }
@@ -98,8 +102,9 @@ void put(const NodeArgs& a) {
     if (!file) fail(2, "--file: cannot read '" + a.file + "'");
     const auto size = static_cast<std::size_t>(file.tellg());
     if (size != hashes.size() * chunk)
-      fail(2, "--file: " + std::to_string(hashes.size()) + " chunks of " + std::to_string(chunk) + " bytes need " +
-                  std::to_string(hashes.size() * chunk) + " bytes, the file has " + std::to_string(size));
+      fail(2, "--file: " + std::to_string(hashes.size()) + " chunks of " + std::to_string(chunk) +
+                  " bytes need " + std::to_string(hashes.size() * chunk) + " bytes, the file has " +
+                  std::to_string(size));
     file.seekg(0);
   }
   std::vector<std::byte> buffer(kBatch * chunk);
@@ -112,7 +117,8 @@ void put(const NodeArgs& a) {
     for (std::size_t i = 0; i < n; ++i) {
       std::span<std::byte> out(buffer.data() + i * chunk, chunk);
       if (file.is_open()) {
-        if (!file.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(chunk))) fail(1, "--file: read failed");
+        if (!file.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(chunk)))
+          fail(1, "--file: read failed");
       } else {
         fill_chunk_pattern(out, a.seed, hashes[first + i]);
       }
@@ -131,7 +137,9 @@ void put(const NodeArgs& a) {
       r = c->put(ChunkKeys::of_hashes(batch), std::span(buffer.data(), n * chunk), &series);
     }
     busy += std::chrono::duration<double>(Clock::now() - t0).count();
-    if (!r) fail(1, "put: " + r.error().message + " (" + std::to_string(stored) + " chunks stored before)");
+    if (!r)
+      fail(1,
+           "put: " + r.error().message + " (" + std::to_string(stored) + " chunks stored before)");
     stored += *r;
     if (*r < n) break;  // the node is full: it keeps the longest prefix that fits
   }
@@ -139,12 +147,15 @@ void put(const NodeArgs& a) {
   std::ostringstream human;
   human << "stored " << stored;
   if (stored < hashes.size()) human << " of " << hashes.size();
-  human << " chunks (" << mib(bytes) << ") at " << where(*c) << " in " << busy << " s (" << bytes / busy / 1e9
-        << " GB/s)";
+  human << " chunks (" << mib(bytes) << ") at " << where(*c) << " in " << busy << " s ("
+        << bytes / busy / 1e9 << " GB/s)";
   if (stored < hashes.size())
-    human << "; the node has no room for the rest (it keeps the longest prefix that fits and evicts only older chunks)";
+    human << "; the node has no room for the rest (it keeps the longest prefix that fits and "
+             "evicts only older chunks)";
   print(a,
-        {{"chunks", stored}, {"bytes", stored * chunk}, {"seconds", busy},
+        {{"chunks", stored},
+         {"bytes", stored * chunk},
+         {"seconds", busy},
          {"shared_memory", c->shared_memory()}},
         human.str());
   if (stored < hashes.size()) throw CLI::RuntimeError(1);
@@ -162,7 +173,8 @@ std::size_t read_chunks(LocalClient& c, const std::vector<std::int64_t>& hashes,
                                           hashes.begin() + static_cast<std::ptrdiff_t>(read + n));
     auto got = c.get(ChunkKeys::of_hashes(batch), buffer);
     if (!got) fail(1, "get: " + got.error().message);
-    for (std::size_t i = 0; i < *got; ++i) each(read + i, std::span<const std::byte>(buffer.data() + i * chunk, chunk));
+    for (std::size_t i = 0; i < *got; ++i)
+      each(read + i, std::span<const std::byte>(buffer.data() + i * chunk, chunk));
     read += *got;
     if (*got < n) break;
   }
@@ -180,14 +192,17 @@ void get(const NodeArgs& a) {
   }
   const std::size_t chunk = c->info().chunk_bytes;
   const std::size_t n = read_chunks(*c, hashes, [&](std::size_t, std::span<const std::byte> bytes) {
-    if (out.is_open()) out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    if (out.is_open())
+      out.write(reinterpret_cast<const char*>(bytes.data()),
+                static_cast<std::streamsize>(bytes.size()));
   });
   if (out.is_open() && !out.flush()) fail(1, "--out: write failed");
   j["chunks"] = n;
   j["bytes"] = n * chunk;
-  print(a, j, "read " + std::to_string(n) + " of " + std::to_string(hashes.size()) + " chunks (" +
-                  mib(static_cast<double>(n * chunk)) + ") from " + where(*c) +
-                  (out.is_open() ? " into " + a.file : ""));
+  print(a, j,
+        "read " + std::to_string(n) + " of " + std::to_string(hashes.size()) + " chunks (" +
+            mib(static_cast<double>(n * chunk)) + ") from " + where(*c) +
+            (out.is_open() ? " into " + a.file : ""));
   if (n < hashes.size()) throw CLI::RuntimeError(1);
 }
 
@@ -203,25 +218,27 @@ void verify(const NodeArgs& a) {
   }
   std::vector<std::byte> expected(chunk);
   std::vector<std::string> bad;
-  const std::size_t n = read_chunks(*c, hashes, [&](std::size_t i, std::span<const std::byte> bytes) {
-    if (file.is_open()) {
-      if (!file.read(reinterpret_cast<char*>(expected.data()), static_cast<std::streamsize>(chunk)))
-        std::fill(expected.begin(), expected.end(), std::byte{0});
-    } else {
-      fill_chunk_pattern(expected, a.seed, hashes[i]);
-    }
-    if (std::memcmp(expected.data(), bytes.data(), chunk) == 0) return;
-    std::size_t at = 0;
-    while (expected[at] == bytes[at]) ++at;
-    bad.push_back("chunk " + std::to_string(i) + " (hash " + std::to_string(hashes[i]) + ") differs from byte " +
-                  std::to_string(at));
-  });
+  const std::size_t n =
+      read_chunks(*c, hashes, [&](std::size_t i, std::span<const std::byte> bytes) {
+        if (file.is_open()) {
+          if (!file.read(reinterpret_cast<char*>(expected.data()),
+                         static_cast<std::streamsize>(chunk)))
+            std::fill(expected.begin(), expected.end(), std::byte{0});
+        } else {
+          fill_chunk_pattern(expected, a.seed, hashes[i]);
+        }
+        if (std::memcmp(expected.data(), bytes.data(), chunk) == 0) return;
+        std::size_t at = 0;
+        while (expected[at] == bytes[at]) ++at;
+        bad.push_back("chunk " + std::to_string(i) + " (hash " + std::to_string(hashes[i]) +
+                      ") differs from byte " + std::to_string(at));
+      });
   j["chunks"] = hashes.size();
   j["present"] = n;
   j["mismatched"] = bad;
   std::ostringstream human;
-  human << "verified " << n << " of " << hashes.size() << " chunks (" << mib(static_cast<double>(n * chunk))
-        << ") at " << where(*c) << ": ";
+  human << "verified " << n << " of " << hashes.size() << " chunks ("
+        << mib(static_cast<double>(n * chunk)) << ") at " << where(*c) << ": ";
   if (n == hashes.size() && bad.empty()) {
     human << "every byte matches";
   } else {
@@ -236,11 +253,14 @@ void verify(const NodeArgs& a) {
 
 void add_node_commands(CLI::App& app) {
   auto p = std::make_shared<NodeArgs>();
-  auto* put_cmd = app.add_subcommand("put", "store chunks at a local node: generated (--seed) or from --file");
+  auto* put_cmd =
+      app.add_subcommand("put", "store chunks at a local node: generated (--seed) or from --file");
   add_common(put_cmd, *p);
-  put_cmd->add_option("--seed", p->seed, "generated data's seed (verify with the same)")->capture_default_str();
+  put_cmd->add_option("--seed", p->seed, "generated data's seed (verify with the same)")
+      ->capture_default_str();
   put_cmd->add_option("--file", p->file, "raw chunk bytes, chunk after chunk");
-  put_cmd->add_option("--wait", p->wait_s, "seconds to wait while the node syncs with its controller")
+  put_cmd
+      ->add_option("--wait", p->wait_s, "seconds to wait while the node syncs with its controller")
       ->capture_default_str();
   put_cmd->callback([p] { put(*p); });
 
@@ -252,7 +272,8 @@ void add_node_commands(CLI::App& app) {
   get_cmd->callback([g] { get(*g); });
 
   auto v = std::make_shared<NodeArgs>();
-  auto* verify_cmd = app.add_subcommand("verify", "check every byte of chunks at a local node against what put wrote");
+  auto* verify_cmd = app.add_subcommand(
+      "verify", "check every byte of chunks at a local node against what put wrote");
   add_common(verify_cmd, *v);
   verify_cmd->add_option("--seed", v->seed, "the seed put used")->capture_default_str();
   verify_cmd->add_option("--file", v->file, "compare with this file instead");

@@ -47,7 +47,7 @@ struct AskHeader {
 // The most runs one request message carries, so it always goes eagerly (12 B each).
 constexpr std::uint32_t kMaxRunsPerMessage = 256;
 
-struct RunRequest {  // a run of pages in the receiver's pool
+struct RunRequest {       // a run of pages in the receiver's pool
   std::uint32_t run = 0;  // index of the run in its transfer
   std::uint32_t first = 0;
   std::uint32_t count = 0;

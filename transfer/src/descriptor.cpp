@@ -1,13 +1,12 @@
 #include "descriptor.hpp"
 
-#include <msgpack.hpp>
-
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <msgpack.hpp>
 #include <string_view>
 
 namespace kvnode::transfer {
@@ -104,7 +103,8 @@ Result<PeerDescriptor> decode_descriptor(const ucx::Bytes& bytes) {
       return {};
     };
     auto uint = [&](std::uint64_t& out, std::uint64_t max, unsigned bit) -> Status {
-      if (v.type != msgpack::type::POSITIVE_INTEGER) return field_error(key, "expected an unsigned integer");
+      if (v.type != msgpack::type::POSITIVE_INTEGER)
+        return field_error(key, "expected an unsigned integer");
       if (v.via.u64 > max) return field_error(key, "out of range");
       out = v.via.u64;
       seen |= bit;
@@ -127,7 +127,8 @@ Result<PeerDescriptor> decode_descriptor(const ucx::Bytes& bytes) {
       s = uint(d.page_bytes, std::numeric_limits<std::uint64_t>::max(), 16);
     } else if (key == "error") {
       if (v.type != msgpack::type::STR) return field_error(key, "expected a string");
-      return make_error("refused: " + std::string(v.via.str.ptr, std::min<std::size_t>(v.via.str.size, kMaxNode)));
+      return make_error("refused: " + std::string(v.via.str.ptr,
+                                                  std::min<std::size_t>(v.via.str.size, kMaxNode)));
     } else if (key == "host") {
       if (v.type != msgpack::type::STR) return field_error(key, "expected a string");
       if (v.via.str.size > kMaxNode) return field_error(key, "longer than 1024 bytes");

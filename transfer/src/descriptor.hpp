@@ -12,10 +12,10 @@
 namespace kvnode::transfer {
 
 struct PeerDescriptor {
-  std::string node;            // who this is, for logs (e.g. the peer_init_url)
-  ucx::Bytes worker_address;   // for ucx::Endpoint::connect
-  ucx::Bytes rkey;             // the pool's packed rkey
-  std::uint64_t base = 0;      // the pool's first byte in the peer's address space
+  std::string node;           // who this is, for logs (e.g. the peer_init_url)
+  ucx::Bytes worker_address;  // for ucx::Endpoint::connect
+  ucx::Bytes rkey;            // the pool's packed rkey
+  std::uint64_t base = 0;     // the pool's first byte in the peer's address space
   std::uint64_t page_bytes = 0;
   std::uint32_t pages = 0;
   std::string host;            // this boot of this machine: peers on the same host may use shm

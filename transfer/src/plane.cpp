@@ -87,7 +87,8 @@ Status TransferPlane::Impl::init() {
   pool_descriptor_.pages = pool_.pages;
   pool_descriptor_.host = host_identity();
   pool_descriptor_.rma = !ring_;
-  pool_descriptor_.instance = std::random_device{}() | (std::uint64_t{std::random_device{}()} << 32);
+  pool_descriptor_.instance =
+      std::random_device{}() | (std::uint64_t{std::random_device{}()} << 32);
 
   ListenerHooks hooks;
   hooks.answer = [this](const ucx::Bytes& hello, LinkId link) { return answer(hello, link); };
@@ -96,8 +97,9 @@ Status TransferPlane::Impl::init() {
       Listener::bind(options_.host, options_.port, std::move(hooks));
   if (!listener) return listener.error();
   listener_ = std::move(listener).value();
-  url_ = (options_.host.find(':') != std::string::npos ? "[" + options_.host + "]" : options_.host) +
-         ":" + std::to_string(listener_->port());
+  url_ =
+      (options_.host.find(':') != std::string::npos ? "[" + options_.host + "]" : options_.host) +
+      ":" + std::to_string(listener_->port());
   pool_descriptor_.node = url_;
 
   epoll_ = UniqueFd(epoll_create1(EPOLL_CLOEXEC));
@@ -275,13 +277,15 @@ unsigned TransferPlane::Impl::progress_sessions() {
       std::this_thread::sleep_for(kRedialPause);
       if (dial_peer(*s)) continue;
     }
-    const std::string why = s->broken_reason().empty() ? "the connection to " + s->peer() + " failed"
-                                                        : s->broken_reason();
+    const std::string why = s->broken_reason().empty()
+                                ? "the connection to " + s->peer() + " failed"
+                                : s->broken_reason();
     reset(*s, s->ready() ? Failure::kPeerLost : Failure::kConnect, 0, why);
   }
   for (AcceptorSession* s : broken_acceptors) {
-    const std::string why = s->broken_reason().empty() ? "the connection to " + s->peer() + " failed"
-                                                        : s->broken_reason();
+    const std::string why = s->broken_reason().empty()
+                                ? "the connection to " + s->peer() + " failed"
+                                : s->broken_reason();
     reset(*s, s->ready() ? Failure::kPeerLost : Failure::kConnect, why);
   }
   return n;
@@ -330,7 +334,8 @@ void TransferPlane::Impl::retire(std::unique_ptr<Session> s, Failure failure, Tr
                                  const std::string& why) {
   watch(s->event_fd(), false);
   if (failure != Failure::kCancelled || culprit != 0)
-    spdlog::warn("transfer plane: session with {} reset ({}): {}", s->peer(), to_string(failure), why);
+    spdlog::warn("transfer plane: session with {} reset ({}): {}", s->peer(), to_string(failure),
+                 why);
   s.reset();  // destroys the worker: no operation of the session can touch memory after this
   std::lock_guard lock(counters_mutex_);
   ++counters_.sessions_reset;

@@ -6,9 +6,12 @@ namespace kvnode::transfer {
 
 const char* to_string(Protocol p) {
   switch (p) {
-    case Protocol::kAuto: return "auto";
-    case Protocol::kRma: return "rma";
-    case Protocol::kActiveMessage: return "am";
+    case Protocol::kAuto:
+      return "auto";
+    case Protocol::kRma:
+      return "rma";
+    case Protocol::kActiveMessage:
+      return "am";
   }
   return "?";
 }
@@ -22,14 +25,22 @@ Result<Protocol> parse_protocol(const std::string& text) {
 
 const char* to_string(Failure f) {
   switch (f) {
-    case Failure::kNone: return "ok";
-    case Failure::kInvalid: return "invalid";
-    case Failure::kConnect: return "connect";
-    case Failure::kRejected: return "rejected";
-    case Failure::kPeerLost: return "peer_lost";
-    case Failure::kTimeout: return "timeout";
-    case Failure::kCancelled: return "cancelled";
-    case Failure::kReset: return "reset";
+    case Failure::kNone:
+      return "ok";
+    case Failure::kInvalid:
+      return "invalid";
+    case Failure::kConnect:
+      return "connect";
+    case Failure::kRejected:
+      return "rejected";
+    case Failure::kPeerLost:
+      return "peer_lost";
+    case Failure::kTimeout:
+      return "timeout";
+    case Failure::kCancelled:
+      return "cancelled";
+    case Failure::kReset:
+      return "reset";
   }
   return "?";
 }
@@ -46,7 +57,9 @@ Result<std::unique_ptr<TransferPlane>> TransferPlane::start(const PlaneOptions& 
 TransferPlane::TransferPlane(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 TransferPlane::~TransferPlane() = default;
 
-std::string TransferPlane::url() const { return impl_->url(); }
+std::string TransferPlane::url() const {
+  return impl_->url();
+}
 
 TransferId TransferPlane::pull(const std::string& peer, std::vector<PageCopy> pages, Callback done,
                                TransferOptions options) {
@@ -60,8 +73,7 @@ TransferId TransferPlane::push(const std::string& peer, std::vector<PageCopy> pa
 
 namespace {
 
-std::future<TransferResult> as_future(
-    const std::function<void(TransferPlane::Callback)>& submit) {
+std::future<TransferResult> as_future(const std::function<void(TransferPlane::Callback)>& submit) {
   auto promise = std::make_shared<std::promise<TransferResult>>();
   std::future<TransferResult> future = promise->get_future();
   submit([promise](TransferResult r) { promise->set_value(std::move(r)); });
@@ -70,17 +82,21 @@ std::future<TransferResult> as_future(
 
 }  // namespace
 
-std::future<TransferResult> TransferPlane::pull(const std::string& peer, std::vector<PageCopy> pages,
+std::future<TransferResult> TransferPlane::pull(const std::string& peer,
+                                                std::vector<PageCopy> pages,
                                                 TransferOptions options) {
   return as_future([&](Callback cb) { pull(peer, std::move(pages), std::move(cb), options); });
 }
 
-std::future<TransferResult> TransferPlane::push(const std::string& peer, std::vector<PageCopy> pages,
+std::future<TransferResult> TransferPlane::push(const std::string& peer,
+                                                std::vector<PageCopy> pages,
                                                 TransferOptions options) {
   return as_future([&](Callback cb) { push(peer, std::move(pages), std::move(cb), options); });
 }
 
-void TransferPlane::cancel(TransferId id) { impl_->cancel(id); }
+void TransferPlane::cancel(TransferId id) {
+  impl_->cancel(id);
+}
 
 std::future<Result<std::vector<std::byte>>> TransferPlane::ask(const std::string& peer,
                                                                std::vector<std::byte> request,
@@ -100,6 +116,8 @@ std::future<Result<std::vector<std::byte>>> TransferPlane::ask(const std::string
   return future;
 }
 
-PlaneCounters TransferPlane::counters() const { return impl_->counters(); }
+PlaneCounters TransferPlane::counters() const {
+  return impl_->counters();
+}
 
 }  // namespace kvnode::transfer

@@ -116,8 +116,8 @@ class TransferPlane::Impl {
   std::optional<EventFd> wake_;  // callers' commands wake the progress thread
 
   std::map<std::string, std::unique_ptr<InitiatorSession>> initiators_;  // by peer url
-  std::map<LinkId, std::unique_ptr<AcceptorSession>> acceptors_;  // by the listener's link
-  std::unordered_map<TransferId, std::string> where_;           // transfer -> peer url
+  std::map<LinkId, std::unique_ptr<AcceptorSession>> acceptors_;         // by the listener's link
+  std::unordered_map<TransferId, std::string> where_;                    // transfer -> peer url
 
   std::mutex commands_mutex_;
   std::deque<Command> commands_;

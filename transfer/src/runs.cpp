@@ -16,7 +16,8 @@ Result<Plan> plan_runs(const std::vector<PageCopy>& pages, std::uint32_t local_p
                         " is outside this pool of " + std::to_string(local_pages) + " pages");
     if (p.remote >= remote_pages)
       return make_error("chunk " + std::to_string(i) + ": remote page " + std::to_string(p.remote) +
-                        " is outside the peer's pool of " + std::to_string(remote_pages) + " pages");
+                        " is outside the peer's pool of " + std::to_string(remote_pages) +
+                        " pages");
     const gpu::PageId target = pull ? p.local : p.remote;
     if (written[target]++)
       return make_error("chunk " + std::to_string(i) + ": " + (pull ? "local" : "remote") +
@@ -25,8 +26,9 @@ Result<Plan> plan_runs(const std::vector<PageCopy>& pages, std::uint32_t local_p
   Plan plan;
   plan.chunk_order.resize(pages.size());
   std::iota(plan.chunk_order.begin(), plan.chunk_order.end(), 0u);
-  std::stable_sort(plan.chunk_order.begin(), plan.chunk_order.end(),
-                   [&](std::uint32_t a, std::uint32_t b) { return pages[a].remote < pages[b].remote; });
+  std::stable_sort(
+      plan.chunk_order.begin(), plan.chunk_order.end(),
+      [&](std::uint32_t a, std::uint32_t b) { return pages[a].remote < pages[b].remote; });
   for (std::uint32_t k = 0; k < plan.chunk_order.size(); ++k) {
     const PageCopy& p = pages[plan.chunk_order[k]];
     if (!plan.runs.empty()) {

@@ -68,8 +68,8 @@ PeerDescriptor Session::local_descriptor(const PeerDescriptor& pool_descriptor) 
 
 Status Session::connect(PeerDescriptor peer, bool same_host) {
   if (peer.page_bytes != pool_.page_bytes)
-    return make_error("the peer's pages are " + std::to_string(peer.page_bytes) +
-                      " bytes, ours " + std::to_string(pool_.page_bytes) + ": not the same chunk size");
+    return make_error("the peer's pages are " + std::to_string(peer.page_bytes) + " bytes, ours " +
+                      std::to_string(pool_.page_bytes) + ": not the same chunk size");
   Result<ucx::Endpoint> ep = ucx::Endpoint::connect(worker_, peer.worker_address, !same_host);
   if (!ep) return ep.error();
   endpoint_.emplace(std::move(ep).value());
@@ -80,8 +80,12 @@ Status Session::connect(PeerDescriptor peer, bool same_host) {
   const EndpointLanes lanes = endpoint_lanes(endpoint_->get());
   const bool one_sided_possible = !staging_ && peer.rma;
   switch (one_sided_possible ? requested_ : Protocol::kActiveMessage) {
-    case Protocol::kRma: protocol_ = Protocol::kRma; break;
-    case Protocol::kActiveMessage: protocol_ = Protocol::kActiveMessage; break;
+    case Protocol::kRma:
+      protocol_ = Protocol::kRma;
+      break;
+    case Protocol::kActiveMessage:
+      protocol_ = Protocol::kActiveMessage;
+      break;
     case Protocol::kAuto:
       protocol_ = rma_is_native(lanes) ? Protocol::kRma : Protocol::kActiveMessage;
   }

@@ -93,9 +93,20 @@ class Session {
  protected:
   // What a UCX operation in flight is for; each role handles its own in completed().
   enum class OpKind {
-    kGet, kPut, kFlush, kPullRequest, kPushSend, kNotify, kPullRecv, kPushStage, kAsk,  // initiator
-    kServeSend, kServeRecv, kAck, kServeStage,                                          // acceptor
-    kAnswer,                                                                            // both
+    kGet,
+    kPut,
+    kFlush,
+    kPullRequest,
+    kPushSend,
+    kNotify,
+    kPullRecv,
+    kPushStage,
+    kAsk,  // initiator
+    kServeSend,
+    kServeRecv,
+    kAck,
+    kServeStage,  // acceptor
+    kAnswer,      // both
   };
   enum class CopyKind { kPullLanded, kPushStaged, kServeStaged, kServeLanded };
   struct Op {

@@ -14,11 +14,12 @@ Result<std::unique_ptr<AcceptorSession>> AcceptorSession::create(const SessionSe
   Result<ucx::Worker> worker = ucx::Worker::create(*setup.context);
   if (!worker) return worker.error();
   std::unique_ptr<AcceptorSession> s(new AcceptorSession(setup, std::move(worker).value(), link));
-  const Status started = s->start({{am::kPullRequest, &AcceptorSession::on_pull_request},
-                                   {am::kPushData, &AcceptorSession::on_push_data},
-                                   {am::kWritten, &AcceptorSession::on_written},
-                                   {am::kRead, &AcceptorSession::on_read}},
-                                  s.get(), {am::kPullData, am::kPullReject, am::kPushAck, am::kAnswer});
+  const Status started =
+      s->start({{am::kPullRequest, &AcceptorSession::on_pull_request},
+                {am::kPushData, &AcceptorSession::on_push_data},
+                {am::kWritten, &AcceptorSession::on_written},
+                {am::kRead, &AcceptorSession::on_read}},
+               s.get(), {am::kPullData, am::kPullReject, am::kPushAck, am::kAnswer});
   if (!started) return started.error();
   return s;
 }
@@ -48,8 +49,9 @@ void AcceptorSession::serve(Deferred& d) {
       for (const am::RunRequest& r : d.runs) {
         if (!in_pool(r.first, r.count)) {
           ++serve_.rejected;
-          const std::string why = "pages " + std::to_string(r.first) + "+" + std::to_string(r.count) +
-                                  " are outside this pool of " + std::to_string(pool_.pages);
+          const std::string why = "pages " + std::to_string(r.first) + "+" +
+                                  std::to_string(r.count) + " are outside this pool of " +
+                                  std::to_string(pool_.pages);
           spdlog::warn("pull request {} from {} rejected: {}", d.transfer, peer_, why);
           send_run_header(am::kPullReject, {d.transfer, r.run, am::RunCode::kOutOfPool}, why);
           continue;
@@ -96,8 +98,9 @@ void AcceptorSession::serve(Deferred& d) {
       break;
     }
     case OpKind::kAck:
-      send_run_header(am::kPushAck, d.run,
-                      d.run.code == am::RunCode::kOk ? "" : "pages outside the pool or a wrong length");
+      send_run_header(
+          am::kPushAck, d.run,
+          d.run.code == am::RunCode::kOk ? "" : "pages outside the pool or a wrong length");
       break;
     default:
       break;
@@ -117,7 +120,8 @@ void AcceptorSession::completed(Op& op, ucs_status_t st) {
                               ok ? am::RunCode::kOk : am::RunCode::kMalformed};
       if (op.slot && ok) {  // the bytes are in a slot: copied to the page, acknowledged after
         Copy c{0, CopyKind::kServeLanded, 0, 0, op.slot, ack, target};
-        return start_copy(c, pool_.page(target.first), slot_bytes(*op.slot), span_bytes(target.count));
+        return start_copy(c, pool_.page(target.first), slot_bytes(*op.slot),
+                          span_bytes(target.count));
       }
       if (op.slot) give_slot(*op.slot);
       if (ok) {
@@ -146,8 +150,8 @@ void AcceptorSession::landed(Copy& c, const Status& status) {
       op.run_header = c.header;
       op.runs = {c.target};
       op.slot = c.slot;
-      settle(ucp_am_send_nbx(endpoint_->get(), am::kPullData, &op.run_header,
-                             sizeof(op.run_header), slot_bytes(*c.slot), pool_.page_bytes, &param));
+      settle(ucp_am_send_nbx(endpoint_->get(), am::kPullData, &op.run_header, sizeof(op.run_header),
+                             slot_bytes(*c.slot), pool_.page_bytes, &param));
       break;
     }
     case CopyKind::kServeLanded: {
@@ -156,10 +160,10 @@ void AcceptorSession::landed(Copy& c, const Status& status) {
         serve_.bytes += span_bytes(c.target.count);
         wrote(c.target.first, c.target.count);
       }
-      send_run_header(am::kPushAck,
-                      {c.header.transfer, c.header.run,
-                       status ? am::RunCode::kOk : am::RunCode::kMalformed},
-                      status ? "" : status.error().message);
+      send_run_header(
+          am::kPushAck,
+          {c.header.transfer, c.header.run, status ? am::RunCode::kOk : am::RunCode::kMalformed},
+          status ? "" : status.error().message);
       break;
     }
     default:
@@ -188,9 +192,9 @@ ucs_status_t AcceptorSession::on_pull_request(void* arg, const void* header,
   return UCS_OK;
 }
 
-ucs_status_t AcceptorSession::on_push_data(void* arg, const void* header,
-                                           std::size_t header_length, void* data,
-                                           std::size_t length, const ucp_am_recv_param_t* p) {
+ucs_status_t AcceptorSession::on_push_data(void* arg, const void* header, std::size_t header_length,
+                                           void* data, std::size_t length,
+                                           const ucp_am_recv_param_t* p) {
   auto* s = static_cast<AcceptorSession*>(arg);
   const auto h = am::read<am::PushHeader>(header, header_length);
   if (!h) {
@@ -206,8 +210,8 @@ ucs_status_t AcceptorSession::on_push_data(void* arg, const void* header,
                  h->transfer, s->peer_, t.first, t.count, length, s->pool_.pages,
                  s->pool_.page_bytes);
     Deferred d(OpKind::kAck);
-    d.run = am::RunHeader{h->transfer, t.run,
-                          fits ? am::RunCode::kBadLength : am::RunCode::kOutOfPool};
+    d.run =
+        am::RunHeader{h->transfer, t.run, fits ? am::RunCode::kBadLength : am::RunCode::kOutOfPool};
     s->deferred_.push_back(std::move(d));
     return UCS_OK;  // drops the data
   }
@@ -220,8 +224,13 @@ ucs_status_t AcceptorSession::on_push_data(void* arg, const void* header,
     return UCS_INPROGRESS;
   }
   if (s->staging_) {
-    s->start_copy(Copy{0, CopyKind::kServeLanded, 0, 0, std::nullopt,
-                       {h->transfer, t.run, am::RunCode::kOk}, t},
+    s->start_copy(Copy{0,
+                       CopyKind::kServeLanded,
+                       0,
+                       0,
+                       std::nullopt,
+                       {h->transfer, t.run, am::RunCode::kOk},
+                       t},
                   s->pool_.page(t.first), data, length);
     return UCS_OK;
   }
@@ -272,8 +281,7 @@ ucs_status_t AcceptorSession::on_written(void* arg, const void* header, std::siz
 ucs_status_t AcceptorSession::on_read(void* arg, const void* header, std::size_t header_length,
                                       void* data, std::size_t length,
                                       const ucp_am_recv_param_t* p) {
-  return static_cast<AcceptorSession*>(arg)->noticed(false, header, header_length, data, length,
-                                                     p);
+  return static_cast<AcceptorSession*>(arg)->noticed(false, header, header_length, data, length, p);
 }
 
 }  // namespace kvnode::transfer

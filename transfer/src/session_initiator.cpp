@@ -15,11 +15,12 @@ Result<std::unique_ptr<InitiatorSession>> InitiatorSession::create(
   Result<ucx::Worker> worker = ucx::Worker::create(*setup.context);
   if (!worker) return worker.error();
   std::unique_ptr<InitiatorSession> s(new InitiatorSession(setup, std::move(worker).value()));
-  const Status started = s->start({{am::kPullData, &InitiatorSession::on_pull_data},
-                                   {am::kPullReject, &InitiatorSession::on_run_answer},
-                                   {am::kPushAck, &InitiatorSession::on_run_answer},
-                                   {am::kAnswer, &InitiatorSession::on_answer}},
-                                  s.get(), {am::kPullRequest, am::kPushData, am::kWritten, am::kRead});
+  const Status started =
+      s->start({{am::kPullData, &InitiatorSession::on_pull_data},
+                {am::kPullReject, &InitiatorSession::on_run_answer},
+                {am::kPushAck, &InitiatorSession::on_run_answer},
+                {am::kAnswer, &InitiatorSession::on_answer}},
+               s.get(), {am::kPullRequest, am::kPushData, am::kWritten, am::kRead});
   if (!started) return started.error();
   s->hello_ = encode(s->local_descriptor(pool_descriptor));
   return s;
@@ -110,7 +111,8 @@ void InitiatorSession::post_rma(Xfer& x) {
   for (std::uint32_t r = 0; r < x.plan.runs.size(); ++r) {
     const Run& run = x.plan.runs[r];
     std::byte* local = pool_.page(run.local);
-    const std::uint64_t remote = remote_.base + static_cast<std::uint64_t>(run.remote) * pool_.page_bytes;
+    const std::uint64_t remote =
+        remote_.base + static_cast<std::uint64_t>(run.remote) * pool_.page_bytes;
     const std::size_t length = span_bytes(run.count);
     ++x.stats.ops;
     if (x.pull)
@@ -129,8 +131,8 @@ void InitiatorSession::post_am(Xfer& x) {
   const auto& runs = x.plan.runs;
   if (x.pull) {
     for (std::uint32_t start = 0; start < runs.size(); start += am::kMaxRunsPerMessage) {
-      const std::uint32_t n = std::min<std::uint32_t>(am::kMaxRunsPerMessage,
-                                                      static_cast<std::uint32_t>(runs.size()) - start);
+      const std::uint32_t n = std::min<std::uint32_t>(
+          am::kMaxRunsPerMessage, static_cast<std::uint32_t>(runs.size()) - start);
       Op& op = ops_.emplace_back(Op(OpKind::kPullRequest, x.id, start));
       op.pull = am::PullRequest{x.id, n};
       for (std::uint32_t r = start; r < start + n; ++r)
@@ -177,7 +179,8 @@ void InitiatorSession::completed(Op& op, ucs_status_t st) {
       return;
     }
     Copy c{0, CopyKind::kPullLanded, x->id, op.run, slot, {}, {}};
-    return start_copy(c, pool_.page(x->plan.runs[op.run].local), slot_bytes(slot), pool_.page_bytes);
+    return start_copy(c, pool_.page(x->plan.runs[op.run].local), slot_bytes(slot),
+                      pool_.page_bytes);
   }
   switch (op.kind) {
     case OpKind::kGet:
@@ -263,7 +266,8 @@ void InitiatorSession::landed(Copy& c, const Status& status) {
       if (status)
         x->finish_run(c.run);
       else
-        x->fail_run(c.run, Failure::kRejected, "copying into the local page: " + status.error().message);
+        x->fail_run(c.run, Failure::kRejected,
+                    "copying into the local page: " + status.error().message);
       break;
     }
     case CopyKind::kPushStaged: {
@@ -271,7 +275,8 @@ void InitiatorSession::landed(Copy& c, const Status& status) {
       if (!x || !status || !x->is_open(c.run)) {
         give_slot(*c.slot);
         if (x && !status)
-          x->fail_run(c.run, Failure::kRejected, "copying out of the local page: " + status.error().message);
+          x->fail_run(c.run, Failure::kRejected,
+                      "copying out of the local page: " + status.error().message);
         break;
       }
       const Run& run = x->plan.runs[c.run];
@@ -320,7 +325,8 @@ std::vector<std::unique_ptr<Xfer>> InitiatorSession::fail_all(Failure first, Tra
     waiting_.pop_front();
   }
   // An ask does not outlive its session: whatever ended the session, the peer is gone for it.
-  for (auto& [id, a] : asks_) answered_.emplace_back(std::move(a), make_error(ErrorCode::kPeerLost, why));
+  for (auto& [id, a] : asks_)
+    answered_.emplace_back(std::move(a), make_error(ErrorCode::kPeerLost, why));
   asks_.clear();
   for (PendingAsk& a : asks_waiting_)
     answered_.emplace_back(std::move(a), make_error(ErrorCode::kPeerLost, why));

@@ -14,9 +14,13 @@ bool Session::needs_slot(const Deferred& d) const {
          d.kind == OpKind::kPushStage || d.kind == OpKind::kServeStage;
 }
 
-std::optional<gpu::PageId> Session::take_slot() { return staging_->ring->allocate(); }
+std::optional<gpu::PageId> Session::take_slot() {
+  return staging_->ring->allocate();
+}
 
-void Session::give_slot(gpu::PageId slot) { (void)staging_->ring->release(slot); }
+void Session::give_slot(gpu::PageId slot) {
+  (void)staging_->ring->release(slot);
+}
 
 void Session::start_copy(Copy copy, void* dst, const void* src, std::size_t bytes) {
   Result<gpu::CopyEngine::Ticket> ticket = staging_->engine->copy(dst, src, bytes);

@@ -35,7 +35,8 @@ Result<Context> Context::create(const ContextOptions& options) {
   if (options.net_devices) {
     if (ucs_status_t st = ucp_config_modify(raw, "NET_DEVICES", options.net_devices->c_str());
         st != UCS_OK)
-      return status_error(("ucp_config_modify(NET_DEVICES=" + *options.net_devices + ")").c_str(), st);
+      return status_error(("ucp_config_modify(NET_DEVICES=" + *options.net_devices + ")").c_str(),
+                          st);
   }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
@@ -188,8 +189,9 @@ Status put(const Worker& worker, const Endpoint& ep, const void* local, std::siz
            std::uint64_t remote_address, const RemoteKey& rkey, Clock::time_point deadline) {
   if (ep.failed()) return make_error("put: the endpoint has failed");
   ucp_request_param_t params{};
-  if (Status s = worker.wait(ucp_put_nbx(ep.get(), local, length, remote_address, rkey.get(), &params),
-                             deadline, "ucp_put_nbx");
+  if (Status s =
+          worker.wait(ucp_put_nbx(ep.get(), local, length, remote_address, rkey.get(), &params),
+                      deadline, "ucp_put_nbx");
       !s)
     return s;
   return flush(worker, ep, deadline);  // remote completion: the bytes are in the peer's memory

@@ -2,7 +2,8 @@
 // that names the call and UCX's status text. The transfer plane is built from these; nothing
 // else in kvnode touches a raw ucp_* handle. Destruction order is the reverse of acquisition:
 // endpoints and remote keys before their worker, registrations before their context.
-// Not thread-safe: a Worker and everything made from it belong to one thread (UCS_THREAD_MODE_SINGLE).
+// Not thread-safe: a Worker and everything made from it belong to one thread
+// (UCS_THREAD_MODE_SINGLE).
 #pragma once
 
 #include <ucp/api/ucp.h>
@@ -27,7 +28,7 @@ Error status_error(const char* call, ucs_status_t status);
 struct ContextOptions {
   std::optional<std::string> tls;          // UCX_TLS for this context; unset: environment or UCX
   std::optional<std::string> net_devices;  // UCX_NET_DEVICES, e.g. "lo" to keep tcp on loopback
-  bool wakeup = false;  // workers get an event fd (Worker::event_fd) to sleep on
+  bool wakeup = false;                     // workers get an event fd (Worker::event_fd) to sleep on
   // Room to grow: estimated endpoint count, memory types.
 };
 
@@ -107,7 +108,9 @@ class Endpoint {
   static Result<Endpoint> connect(const Worker& worker, const Bytes& peer_address,
                                   bool peer_error_handling = true);
   Endpoint(Endpoint&& o) noexcept
-      : worker_(o.worker_), handle_(std::exchange(o.handle_, nullptr)), state_(std::move(o.state_)),
+      : worker_(o.worker_),
+        handle_(std::exchange(o.handle_, nullptr)),
+        state_(std::move(o.state_)),
         peer_error_handling_(o.peer_error_handling_) {}
   Endpoint& operator=(Endpoint&&) = delete;
   ~Endpoint();

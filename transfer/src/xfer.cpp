@@ -43,7 +43,8 @@ TransferResult Xfer::result(const PoolView& pool) const {
   for (std::uint32_t r = 0; r < run_state.size(); ++r) {
     if (run_state[r] != RunState::kDone) continue;
     const Run& run = plan.runs[r];
-    for (std::uint32_t k = 0; k < run.count; ++k) out.done[plan.chunk_order[run.first_chunk + k]] = 1;
+    for (std::uint32_t k = 0; k < run.count; ++k)
+      out.done[plan.chunk_order[run.first_chunk + k]] = 1;
     out.stats.chunks += run.count;
   }
   out.stats.bytes = static_cast<std::uint64_t>(out.stats.chunks) * pool.page_bytes;

@@ -6,8 +6,6 @@
 
 #include <gtest/gtest.h>
 
-#include "support/http_client.hpp"
-
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -15,8 +13,8 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <string_view>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 #include <zmq.hpp>
@@ -30,6 +28,7 @@
 #include "kvnode/keys/chunk_hash.hpp"
 #include "kvnode/wire/codec.hpp"
 #include "kvnode/wire/json.hpp"
+#include "support/http_client.hpp"
 
 namespace kvnode::controller::testing {
 

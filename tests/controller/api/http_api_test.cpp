@@ -101,14 +101,16 @@ TEST_F(HttpApiTest, MoveMapsShouldCopyAndPositions) {
 TEST_F(HttpApiTest, MoveToItselfIs400AndAsksNoWorker) {
   add_worker("inst-A", 0, tokens(256), "127.0.0.1:18602");
   add_worker("inst-A2", 0, tokens(256), "127.0.0.1:18602");  // the same node, registered twice
-  auto r = post("/move", Json{{"old_position", {"inst-A", kCpu}}, {"new_position", {"inst-A", kCpu}}});
+  auto r =
+      post("/move", Json{{"old_position", {"inst-A", kCpu}}, {"new_position", {"inst-A", kCpu}}});
   EXPECT_EQ(r.status, 400) << r.body;
   EXPECT_NE(r.body.find("same instance 'inst-A'"), std::string::npos) << r.body;
   r = post("/move", Json{{"old_position", {"inst-A", kCpu}},
                          {"new_position", {"inst-A2", kCpu}},
                          {"should_copy", true}});
   EXPECT_EQ(r.status, 400) << r.body;
-  EXPECT_NE(r.body.find("are the same node (peer_init_url 127.0.0.1:18602)"), std::string::npos) << r.body;
+  EXPECT_NE(r.body.find("are the same node (peer_init_url 127.0.0.1:18602)"), std::string::npos)
+      << r.body;
   for (const auto& w : workers_) EXPECT_EQ(w->received_count(), 0u);
 }
 
@@ -269,7 +271,8 @@ TEST_F(HttpApiTest, MetricsServeLmcacheAndKvnodeNames) {
     EXPECT_NE(r.body.find(line), std::string::npos) << line << "\n" << r.body;
   // Both requests are counted, once their responses are written (httplib's logger runs after the
   // write, so the client may read the reply a moment before the count moves).
-  EXPECT_TRUE(eventually([&] { return metrics_.http_requests.load() == 2; })) << metrics_.http_requests.load();
+  EXPECT_TRUE(eventually([&] { return metrics_.http_requests.load() == 2; }))
+      << metrics_.http_requests.load();
 }
 
 TEST_F(HttpApiTest, BadBodiesAre400NamingTheField) {

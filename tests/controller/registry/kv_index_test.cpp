@@ -1,12 +1,12 @@
 // KvIndex against a reference model (std::set of pairs) under random admit/evict/retire, plus
 // the properties the controller relies on: holders of one hash, O(1) retire, bounded memory.
+#include "kvnode/controller/kv_index.hpp"
+
 #include <gtest/gtest.h>
 
 #include <map>
 #include <random>
 #include <set>
-
-#include "kvnode/controller/kv_index.hpp"
 
 namespace kvnode::controller {
 namespace {
@@ -105,7 +105,8 @@ TEST(KvIndex, MatchesReferenceModelUnderRandomOperations) {
       std::vector<ChunkHash> chain;
       for (auto it = model.begin(); it != model.end() && chain.size() < 30; ++it)
         if (it->second == h && rng() % 4 != 0) chain.push_back(it->first);
-      for (int j = 0; j < 3; ++j) chain.insert(chain.begin() + rng() % (chain.size() + 1), random_hash());
+      for (int j = 0; j < 3; ++j)
+        chain.insert(chain.begin() + rng() % (chain.size() + 1), random_hash());
       std::size_t expected = 0;
       while (expected < chain.size() && model.contains({chain[expected], h})) ++expected;
       EXPECT_EQ(index.leading_held(chain, h), expected);
@@ -113,7 +114,8 @@ TEST(KvIndex, MatchesReferenceModelUnderRandomOperations) {
   }
   EXPECT_EQ(index.size(), model.size());
   for (HolderId h : live) {
-    const auto n = std::count_if(model.begin(), model.end(), [&](auto& p) { return p.second == h; });
+    const auto n =
+        std::count_if(model.begin(), model.end(), [&](auto& p) { return p.second == h; });
     EXPECT_EQ(index.holder_size(h), static_cast<std::size_t>(n));
   }
   for (const auto& [key, h] : model) ASSERT_TRUE(index.contains(key, h));

@@ -1,8 +1,9 @@
 // Registry behaviour, case by case from protocol reference §3 (and the answers a real LMCache
 // controller gives, quoted there), plus kvnode's fixes for §6's defects.
+#include "kvnode/controller/registry.hpp"
+
 #include <gtest/gtest.h>
 
-#include "kvnode/controller/registry.hpp"
 #include "kvnode/keys/chunk_hash.hpp"
 
 namespace kvnode::controller {
@@ -146,8 +147,8 @@ TEST_F(RegistryTest, BatchesApplyInOrderAndCountOneGapPerBatch) {
   EXPECT_EQ(r.stats().keys, 8u + 3u);
   // Evicting a missing key is a no-op; a different location has its own tracker.
   r.apply(ops(a.instance_id, 0, OpType::kEvict, {ChunkHash(424242)}, 31));
-  EXPECT_FALSE(r.apply(ops(a.instance_id, 0, OpType::kAdmit, range(1, 1), 500,
-                           "LocalDiskBackend")).discontinuity);
+  EXPECT_FALSE(r.apply(ops(a.instance_id, 0, OpType::kAdmit, range(1, 1), 500, "LocalDiskBackend"))
+                   .discontinuity);
   EXPECT_EQ(r.stats().seq_discontinuities, 1u);
 }
 
@@ -208,7 +209,7 @@ TEST_F(RegistryTest, P2PLookupMatchesRealControllerAnswers) {
   EXPECT_EQ(p2p(r, partial, "inst-B-t1").num_hit_chunks, 10);
   EXPECT_EQ(p2p(r, {}, "inst-B-t1"), kSentinel);
   EXPECT_EQ(p2p(r, range(5000, 3), "inst-B-t1"), kSentinel);
-  EXPECT_EQ(p2p(r, range(1, 100), "inst-A-t1"), kSentinel);  // the requester itself
+  EXPECT_EQ(p2p(r, range(1, 100), "inst-A-t1"), kSentinel);     // the requester itself
   EXPECT_EQ(p2p(r, range(1, 100), "inst-B-t1", 1), kSentinel);  // no rank-1 holder
   r.apply(ops(a.instance_id, 0, OpType::kEvict, {ChunkHash(1)}, 100));
   EXPECT_EQ(p2p(r, range(1, 100), "inst-B-t1"), kSentinel);

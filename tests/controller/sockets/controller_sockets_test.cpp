@@ -15,8 +15,7 @@ using wire::ChunkHash;
 constexpr const char* kCpu = "LocalCPUBackend";
 
 wire::RegisterMsg worker(const std::string& inst, std::int64_t wid, std::int64_t port) {
-  return wire::RegisterMsg{inst, wid, "127.0.0.1", port,
-                           "127.0.0.1:" + std::to_string(port + 100)};
+  return wire::RegisterMsg{inst, wid, "127.0.0.1", port, "127.0.0.1:" + std::to_string(port + 100)};
 }
 wire::HeartbeatMsg heartbeat_of(const wire::RegisterMsg& r) {
   return wire::HeartbeatMsg{r.instance_id, r.worker_id, r.ip, r.port, r.peer_init_url};
@@ -139,7 +138,8 @@ TEST_F(ControllerSockets, JsonPayloadsWorkOnEverySocket) {
   ASSERT_TRUE(reg);
   EXPECT_TRUE(std::holds_alternative<wire::RegisterRetMsg>(*reg));
   Pusher p(ctx, ctl->ports().pull);
-  p.send_frames({R"({"type":"KVAdmitMsg","instance_id":"inst-J","worker_id":0,"key":42,"location":"LocalCPUBackend","seq_num":0})"});
+  p.send_frames(
+      {R"({"type":"KVAdmitMsg","instance_id":"inst-J","worker_id":0,"key":42,"location":"LocalCPUBackend","seq_num":0})"});
   EXPECT_TRUE(eventually([&] { return hits(d, 42, 1, "inst-B") == 1; }));
   auto beat = wire::decode(hb.request(
       R"({"type":"HeartbeatMsg","instance_id":"inst-J","worker_id":0,"ip":"127.0.0.1","port":1,"peer_init_url":"127.0.0.1:2","extra":1})"));
@@ -153,9 +153,9 @@ TEST_F(ControllerSockets, P2PLookupAndDeregistration) {
   Pusher p(ctx, ctl->ports().pull);
   p.send(admits("inst-A", 1, 100));
   ASSERT_TRUE(eventually([&] { return hits(d, 1, 100, "inst-B") == 100; }));
-  auto r = d.call_as<wire::BatchedP2PLookupRetMsg>(wire::BatchedP2PLookupMsg{hashes(1, 5), "inst-B", 0});
-  EXPECT_EQ(r.layout_info.at(0),
-            (wire::P2PLayout{"inst-A", kCpu, 5, "127.0.0.1:18601"}));
+  auto r =
+      d.call_as<wire::BatchedP2PLookupRetMsg>(wire::BatchedP2PLookupMsg{hashes(1, 5), "inst-B", 0});
+  EXPECT_EQ(r.layout_info.at(0), (wire::P2PLayout{"inst-A", kCpu, 5, "127.0.0.1:18601"}));
   p.send(wire::DeRegisterMsg{"inst-A", 0, "127.0.0.1", 18501});
   EXPECT_TRUE(eventually([&] { return hits(d, 1, 100, "inst-B") == 0; }));
 }

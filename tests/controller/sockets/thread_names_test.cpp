@@ -26,10 +26,9 @@ TEST(ControllerThreads, EachLoopIsNamedForItsJob) {
   auto ctl = start_controller();
   ASSERT_TRUE(ctl);
   constexpr int kHttp = 1 + static_cast<int>(controller::HttpApi::kHandlerThreads);  // + listener
-  const std::map<std::string, int> expected = {{"kvc/ingest", 1},      {"kvc/reply", 1},
-                                               {"kvc/heartbeat", 1},   {"kvc/housekeep", 1},
-                                               {"kvc/orchestrate", 1}, {"kvc/fanout", 1},
-                                               {"kvc/http", kHttp}};
+  const std::map<std::string, int> expected = {
+      {"kvc/ingest", 1},      {"kvc/reply", 1},  {"kvc/heartbeat", 1}, {"kvc/housekeep", 1},
+      {"kvc/orchestrate", 1}, {"kvc/fanout", 1}, {"kvc/http", kHttp}};
   auto named = [&] {
     auto names = thread_names();
     for (const auto& [name, n] : expected)

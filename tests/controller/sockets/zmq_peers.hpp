@@ -9,7 +9,6 @@
 #include <memory>
 #include <string>
 #include <vector>
-
 #include <zmq.hpp>
 
 #include "kvnode/controller/controller.hpp"
@@ -33,7 +32,9 @@ inline std::unique_ptr<controller::Controller> start_controller(
   return started ? std::move(started).value() : nullptr;
 }
 
-inline std::string tcp(int port) { return "tcp://127.0.0.1:" + std::to_string(port); }
+inline std::string tcp(int port) {
+  return "tcp://127.0.0.1:" + std::to_string(port);
+}
 
 // A DEALER as LMCache's worker uses it: sends ["", payload], reads the last frame.
 class Dealer {

@@ -42,7 +42,7 @@ struct NodeInfo {
   std::size_t chunk_bytes = 0;  // bytes per chunk (one pool page)
   std::size_t chunk_size = 0;   // tokens per chunk
   std::size_t pages = 0;
-  std::string shm{};            // the staging region's name; "" when bytes go inline
+  std::string shm{};  // the staging region's name; "" when bytes go inline
   std::string location{}, instance{};
   std::int64_t worker_id = 0;
 };

@@ -69,11 +69,11 @@ struct Reply {
   std::vector<std::int64_t> offsets{};  // reserve/lease: each chunk's slot (byte offset); -1 stored
   std::vector<std::int64_t> hashes{};   // hashes: the chunk hashes of the tokens
   std::uint64_t hold = 0;               // reserve/lease
-  std::uint64_t count = 0;   // put/commit: chunks stored; get/lease/retrieve: leading held
-  std::uint64_t tokens = 0;  // lookup/retrieve: leading tokens held
-  std::uint64_t pulled = 0;  // retrieve
-  std::uint64_t since = 0;   // put/reserve: the put's tick, for its later calls
-  std::string peer{};        // retrieve
+  std::uint64_t count = 0;        // put/commit: chunks stored; get/lease/retrieve: leading held
+  std::uint64_t tokens = 0;       // lookup/retrieve: leading tokens held
+  std::uint64_t pulled = 0;       // retrieve
+  std::uint64_t since = 0;        // put/reserve: the put's tick, for its later calls
+  std::string peer{};             // retrieve
   std::vector<std::byte> data{};  // get
 };
 

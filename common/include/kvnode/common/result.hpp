@@ -36,15 +36,24 @@ struct Error {
 
 inline const char* to_string(ErrorCode code) noexcept {
   switch (code) {
-    case ErrorCode::kInvalid: return "invalid";
-    case ErrorCode::kNotFound: return "not_found";
-    case ErrorCode::kNoRoom: return "no_room";
-    case ErrorCode::kFrozen: return "frozen";
-    case ErrorCode::kDeadline: return "deadline";
-    case ErrorCode::kPeerLost: return "peer_lost";
-    case ErrorCode::kRefused: return "refused";
-    case ErrorCode::kIo: return "io";
-    case ErrorCode::kInternal: return "internal";
+    case ErrorCode::kInvalid:
+      return "invalid";
+    case ErrorCode::kNotFound:
+      return "not_found";
+    case ErrorCode::kNoRoom:
+      return "no_room";
+    case ErrorCode::kFrozen:
+      return "frozen";
+    case ErrorCode::kDeadline:
+      return "deadline";
+    case ErrorCode::kPeerLost:
+      return "peer_lost";
+    case ErrorCode::kRefused:
+      return "refused";
+    case ErrorCode::kIo:
+      return "io";
+    case ErrorCode::kInternal:
+      return "internal";
   }
   return "unknown";
 }

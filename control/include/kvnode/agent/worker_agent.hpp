@@ -33,11 +33,11 @@ namespace kvnode::agent {
 
 struct AgentOptions {
   std::string instance_id;
-  std::int64_t worker_id = 0;            // the TP rank
-  std::string controller_pull_url;       // host:port, as LMCache configures it (no scheme)
+  std::int64_t worker_id = 0;       // the TP rank
+  std::string controller_pull_url;  // host:port, as LMCache configures it (no scheme)
   std::string controller_reply_url;
-  std::string ip = "127.0.0.1";          // where the controller reaches this worker's REP port
-  int worker_port = 0;                   // REP port; 0 picks a free one (see WorkerAgent::port())
+  std::string ip = "127.0.0.1";  // where the controller reaches this worker's REP port
+  int worker_port = 0;           // REP port; 0 picks a free one (see WorkerAgent::port())
   std::optional<std::string> peer_init_url;  // the transfer plane; unset: never a P2P source
   // 0 disables. LMCache's default is off, which leaves a restarted controller blind; ours is on.
   std::chrono::milliseconds heartbeat_period{5000};
@@ -45,8 +45,8 @@ struct AgentOptions {
   std::chrono::milliseconds register_timeout{5000};  // one registration attempt, at most
   std::chrono::milliseconds register_backoff_first{100};
   std::chrono::milliseconds register_backoff_max{5000};
-  std::size_t batch_size = 50;                       // kv_msg_batch_size
-  std::chrono::milliseconds batch_timeout{10};       // kv_msg_batch_timeout
+  std::size_t batch_size = 50;                  // kv_msg_batch_size
+  std::chrono::milliseconds batch_timeout{10};  // kv_msg_batch_timeout
   // Full sync (protocol reference §3.8), LMCache's defaults.
   std::chrono::milliseconds full_sync_startup_delay{5000};  // random wait in [0, this)
   std::size_t full_sync_batch_size = 2000;
@@ -81,7 +81,7 @@ struct AgentCounters {
   std::uint64_t heartbeats = 0;
   std::uint64_t heartbeat_failures = 0;
   std::uint64_t events_sent = 0;
-  std::uint64_t events_dropped = 0;  // could not be queued to the controller (it learns of a gap)
+  std::uint64_t events_dropped = 0;    // could not be queued to the controller (it learns of a gap)
   std::uint64_t control_requests = 0;  // answered
   std::uint64_t control_errors = 0;    // answered with an ErrorMsg
   std::uint64_t moves_running = 0;     // 0 or 1

@@ -27,21 +27,21 @@ struct ControllerConfig {
   std::string controller_host = "0.0.0.0";  // bind host of every socket, HTTP included
   int controller_port = 9000;               // HTTP API
   MonitorPorts controller_monitor_ports;
-  std::optional<int> monitor_port;          // legacy --monitor-port: one extra PULL socket
-  double health_check_interval = 5.0;       // reaper period, s; <= 0 turns the reaper off
-  double lmcache_worker_timeout = 30.0;     // s without a heartbeat before a worker is reaped
-  std::string controller_advertise_host;    // host put in heartbeat_url; "" = derive (§3.2)
+  std::optional<int> monitor_port;        // legacy --monitor-port: one extra PULL socket
+  double health_check_interval = 5.0;     // reaper period, s; <= 0 turns the reaper off
+  double lmcache_worker_timeout = 30.0;   // s without a heartbeat before a worker is reaped
+  std::string controller_advertise_host;  // host put in heartbeat_url; "" = derive (§3.2)
 
   // kvnode's own keys.
-  double fanout_timeout = 30.0;       // s each worker has to answer a clear/pin/move/... call
-  double full_sync_threshold = 0.8;   // global progress at which workers may leave freeze
-  double full_sync_timeout = 300.0;   // s of silence before a SYNCING worker becomes FAILED
-  int max_workers = 65536;            // registrations beyond are refused with an ErrorMsg
-  int http_max_connections = 4096;    // HTTP connections open at once; beyond: 503 and closed
-  int http_max_body_mb = 64;          // MiB of one request body; beyond: 413
-  int http_max_bodies_mb = 256;       // MiB of request bodies being read at once; beyond: 503
-  keys::ChunkHashConfig hashing;      // how /lookup turns tokens into chunk hashes
-  std::string log_level = "info";     // trace, debug, info, warn, error, critical, off
+  double fanout_timeout = 30.0;      // s each worker has to answer a clear/pin/move/... call
+  double full_sync_threshold = 0.8;  // global progress at which workers may leave freeze
+  double full_sync_timeout = 300.0;  // s of silence before a SYNCING worker becomes FAILED
+  int max_workers = 65536;           // registrations beyond are refused with an ErrorMsg
+  int http_max_connections = 4096;   // HTTP connections open at once; beyond: 503 and closed
+  int http_max_body_mb = 64;         // MiB of one request body; beyond: 413
+  int http_max_bodies_mb = 256;      // MiB of request bodies being read at once; beyond: 503
+  keys::ChunkHashConfig hashing;     // how /lookup turns tokens into chunk hashes
+  std::string log_level = "info";    // trace, debug, info, warn, error, critical, off
 };
 
 // Reads one environment variable; injectable so tests need not touch the process environment.

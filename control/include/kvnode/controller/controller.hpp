@@ -21,7 +21,7 @@ inline constexpr std::int64_t kMaxMessageBytes = std::int64_t{64} << 20;
 struct BoundPorts {
   int pull = -1;
   int reply = -1;
-  int heartbeat = -1;    // -1: no heartbeat socket
+  int heartbeat = -1;  // -1: no heartbeat socket
   int http = -1;
   int legacy_pull = -1;  // --monitor-port, -1 when not configured
 };

@@ -13,7 +13,6 @@
 #include <memory>
 #include <string>
 #include <vector>
-
 #include <zmq.hpp>
 
 #include "kvnode/common/result.hpp"

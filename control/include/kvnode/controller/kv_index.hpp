@@ -65,10 +65,10 @@ class KvIndex {
     if (migrating()) walk(old_, hash, cursor_, visit);
   }
 
-  std::size_t holder_size(HolderId holder) const;  // live entries of the holder
-  std::size_t size() const { return live_; }       // live entries in all
+  std::size_t holder_size(HolderId holder) const;        // live entries of the holder
+  std::size_t size() const { return live_; }             // live entries in all
   std::size_t capacity() const { return cur_.slots(); }  // entries the table has room for
-  std::size_t memory_bytes() const;                // slot tables plus holder table
+  std::size_t memory_bytes() const;                      // slot tables plus holder table
 
  private:
   static constexpr std::uint32_t kEmpty = 0;
@@ -169,13 +169,13 @@ class KvIndex {
   };
 
   std::uint64_t seed_;
-  Table cur_;             // inserts go here
-  Table old_;             // being drained while migrating(); empty otherwise
-  Table next_;            // being faulted in before it takes over; empty otherwise
+  Table cur_;                       // inserts go here
+  Table old_;                       // being drained while migrating(); empty otherwise
+  Table next_;                      // being faulted in before it takes over; empty otherwise
   std::size_t next_from_used_ = 0;  // used_ when next_ was mapped
-  std::size_t cursor_ = 0;  // old_ buckets below it have been moved
-  std::size_t last_clear_ = 0;  // a moved old_ bucket nothing overflowed: no search crosses it
-  std::size_t used_ = 0;    // non-empty slots of cur_: live and retired holders' entries
+  std::size_t cursor_ = 0;          // old_ buckets below it have been moved
+  std::size_t last_clear_ = 0;      // a moved old_ bucket nothing overflowed: no search crosses it
+  std::size_t used_ = 0;            // non-empty slots of cur_: live and retired holders' entries
   std::size_t live_ = 0;
   std::vector<HolderState> holders_;
   std::vector<HolderId> free_holders_;      // reusable now

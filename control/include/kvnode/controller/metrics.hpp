@@ -18,7 +18,7 @@ struct RegistryStats;  // registry.hpp
 class LatencyHistogram {
  public:
   static constexpr std::array<double, 12> kBounds = {1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4,
-                                                     1e-3, 2.5e-3, 5e-3, 1e-2, 1e-1, 1.0};
+                                                     1e-3, 2.5e-3, 5e-3, 1e-2, 1e-1,   1.0};
   void observe(double seconds) noexcept;
   // Cumulative counts per bound plus +Inf, the sum in seconds and the count.
   std::array<std::uint64_t, kBounds.size() + 1> cumulative() const noexcept;

@@ -39,8 +39,9 @@ struct EventRecord {
 std::string_view to_string(EventRecord::State state);  // "pending", "done", "failed"
 
 struct OrchReply {
-  wire::Msg reply;       // the *RetMsg, or ErrorMsg
-  int http_status = 200; // 400 bad input, 404 unknown instance/event, 500 worker failure, 504 deadline
+  wire::Msg reply;  // the *RetMsg, or ErrorMsg
+  int http_status =
+      200;  // 400 bad input, 404 unknown instance/event, 500 worker failure, 504 deadline
   std::optional<EventRecord> event;  // for CheckFinishMsg: the record found
 };
 

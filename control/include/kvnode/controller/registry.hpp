@@ -31,11 +31,11 @@ namespace kvnode::controller {
 
 struct RegistryOptions {
   double full_sync_threshold = 0.8;
-  double full_sync_timeout = 300.0;  // s
-  double worker_timeout = 30.0;      // s without a heartbeat (or a probe) before reaping
-  std::size_t max_workers = 65536;   // registrations beyond are refused
+  double full_sync_timeout = 300.0;            // s
+  double worker_timeout = 30.0;                // s without a heartbeat (or a probe) before reaping
+  std::size_t max_workers = 65536;             // registrations beyond are refused
   std::optional<std::string> heartbeat_url{};  // handed out in RegisterRetMsg.extra_config
-  std::uint64_t index_seed = 0;              // 0: random
+  std::uint64_t index_seed = 0;                // 0: random
 };
 
 // Where the controller reaches a worker's REP socket; generation changes when the address does.
@@ -81,8 +81,8 @@ enum class ApplyOutcome { kApplied, kEmpty, kWorkerSyncing, kUnknownWorker, kWor
 
 struct ApplyResult {
   ApplyOutcome outcome = ApplyOutcome::kApplied;
-  std::size_t ops = 0;          // ops applied
-  bool discontinuity = false;   // a sequence gap was counted for this batch
+  std::size_t ops = 0;         // ops applied
+  bool discontinuity = false;  // a sequence gap was counted for this batch
   std::int64_t expected_seq = 0, actual_seq = 0;
   std::uint64_t generation = 0;  // of the worker the ops went to
 };

@@ -58,7 +58,7 @@ class ChunkPool {
   std::size_t page_bytes_;
   std::size_t page_count_;
   mutable std::mutex mutex_;
-  std::vector<PageId> free_;    // free pages, a min-heap (lowest first)
+  std::vector<PageId> free_;  // free pages, a min-heap (lowest first)
   std::vector<bool> in_use_;
 };
 

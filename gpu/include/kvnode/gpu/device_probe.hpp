@@ -12,7 +12,7 @@ namespace kvnode::gpu {
 struct CudaDeviceInfo {
   int index = 0;
   std::string name;
-  std::string pci_bus_id;  // "0000:3b:00.0"
+  std::string pci_bus_id;        // "0000:3b:00.0"
   std::size_t total_memory = 0;  // bytes
 };
 

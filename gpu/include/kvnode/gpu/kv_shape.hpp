@@ -23,7 +23,7 @@ Result<KvDtype> parse_dtype(std::string_view name);
 
 struct KvShape {
   std::uint32_t layers = 0;
-  std::uint32_t kv_heads = 0;   // per rank: the KV heads this worker holds under TP
+  std::uint32_t kv_heads = 0;  // per rank: the KV heads this worker holds under TP
   std::uint32_t head_size = 0;
   KvDtype dtype = KvDtype::kBFloat16;
   std::uint32_t tokens_per_chunk = 256;

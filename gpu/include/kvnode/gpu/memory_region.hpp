@@ -18,7 +18,7 @@ namespace kvnode::gpu {
 
 enum class MemoryKind { kHost, kPinnedHost, kDevice };
 
-std::string_view to_string(MemoryKind kind);               // "host", "pinned", "device"
+std::string_view to_string(MemoryKind kind);  // "host", "pinned", "device"
 Result<MemoryKind> parse_memory_kind(std::string_view name);
 
 struct RegionOptions {
@@ -42,14 +42,16 @@ class MemoryRegion {
   int device() const { return memory_.get_deleter().device; }
   bool locked() const { return locked_; }          // kHost: mlock succeeded
   bool huge_pages() const { return huge_pages_; }  // kHost: THP asked for and not disabled
-  const std::string& shared_name() const { return memory_.get_deleter().shm_name; }  // "" unless shared
+  const std::string& shared_name() const {
+    return memory_.get_deleter().shm_name;
+  }  // "" unless shared
 
  private:
   struct Release {
     MemoryKind kind = MemoryKind::kHost;
     std::size_t mapped = 0;  // kHost: length of the mapping
     int device = 0;
-    std::string shm_name;    // kHost shared: unlinked on release
+    std::string shm_name;  // kHost shared: unlinked on release
     void operator()(void* p) const;
   };
   MemoryRegion(std::unique_ptr<void, Release> memory, std::size_t bytes)

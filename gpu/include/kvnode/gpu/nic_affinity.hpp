@@ -19,8 +19,8 @@ int pci_distance_score(std::string_view a_path, std::string_view b_path);
 
 // The device of `nics` nearest to a device at `pci_path` (the GPU; empty when none): most shared
 // PCI components, then the same NUMA node, then the first listed. nullopt when `nics` is empty.
-std::optional<RdmaDevice> nearest_nic(const std::vector<RdmaDevice>& nics, std::string_view pci_path,
-                                      int numa_node);
+std::optional<RdmaDevice> nearest_nic(const std::vector<RdmaDevice>& nics,
+                                      std::string_view pci_path, int numa_node);
 
 // The UCX_NET_DEVICES value for one NIC ("mlx5_0:1"); kvnode uses port 1 of the chosen device.
 std::string ucx_net_device(const RdmaDevice& nic);

@@ -45,10 +45,10 @@ struct StoreEvent {
 };
 
 struct StoreCounters {
-  std::size_t chunks = 0;     // readable
-  std::size_t reserved = 0;   // being written
-  std::size_t pinned = 0;     // readable and pinned
-  std::size_t capacity = 0;   // pages in the pool
+  std::size_t chunks = 0;    // readable
+  std::size_t reserved = 0;  // being written
+  std::size_t pinned = 0;    // readable and pinned
+  std::size_t capacity = 0;  // pages in the pool
   std::uint64_t admitted = 0;
   std::uint64_t evicted = 0;  // by LRU pressure, remove() and clear()
   std::uint64_t evicted_for_space = 0;
@@ -59,7 +59,8 @@ class ChunkStore;
 // A reader's hold on one readable chunk's page. Move-only; the store must outlive it.
 class Lease {
  public:
-  Lease(Lease&& o) noexcept : store_(std::exchange(o.store_, nullptr)), hash_(o.hash_), page_(o.page_) {}
+  Lease(Lease&& o) noexcept
+      : store_(std::exchange(o.store_, nullptr)), hash_(o.hash_), page_(o.page_) {}
   Lease& operator=(Lease&&) = delete;
   ~Lease();
   ChunkHash hash() const { return hash_; }
@@ -85,16 +86,17 @@ class ChunkStore {
   gpu::ChunkPool& pool() { return pool_; }
 
   // A page to write `hash` into. Errors: kRefused (the chunk is already readable or being
-  // written), kNoRoom (every page is pinned, leased or being written), kFrozen. With `evict_up_to` (a tick()), only chunks
-  // stamped at or before it are evicted for space: a writer of many chunks (a local put over
-  // several rounds) takes tick() when it begins, so its own chunks, stamped later, never make
-  // room for its later ones; when nothing older is left the pool counts as full.
+  // written), kNoRoom (every page is pinned, leased or being written), kFrozen. With `evict_up_to`
+  // (a tick()), only chunks stamped at or before it are evicted for space: a writer of many chunks
+  // (a local put over several rounds) takes tick() when it begins, so its own chunks, stamped
+  // later, never make room for its later ones; when nothing older is left the pool counts as full.
   static constexpr std::uint64_t kAnyAge = UINT64_MAX;
   Result<gpu::PageId> reserve(ChunkHash hash, std::uint64_t evict_up_to = kAnyAge);
   // Up to hashes.size() pages at once, all or nothing (a move's destination).
   Result<std::vector<gpu::PageId>> reserve(std::span<const ChunkHash> hashes);
-  Status commit(ChunkHash hash);  // readable from now on: ADMIT. kNotFound, kFrozen (page given back)
-  void abort(ChunkHash hash);     // the write failed: the page goes back, no event
+  Status commit(
+      ChunkHash hash);         // readable from now on: ADMIT. kNotFound, kFrozen (page given back)
+  void abort(ChunkHash hash);  // the write failed: the page goes back, no event
 
   bool contains(ChunkHash hash) const;
   // Admission order: each commit (and refresh) stamps its chunk with the next tick; tick() is
@@ -132,7 +134,7 @@ class ChunkStore {
     State state = State::kWriting;
     std::uint32_t pins = 0;
     std::uint32_t leases = 0;
-    std::uint64_t stamp = 0;  // the tick it became readable (or was refreshed) at
+    std::uint64_t stamp = 0;             // the tick it became readable (or was refreshed) at
     std::list<ChunkHash>::iterator lru;  // valid while readable
   };
 

@@ -14,9 +14,9 @@
 namespace kvnode::node {
 
 struct DaemonPorts {
-  int worker = -1;   // REP (control requests)
-  int transfer = -1; // the transfer plane (peer_init_url's port)
-  int http = -1;     // -1: off
+  int worker = -1;    // REP (control requests)
+  int transfer = -1;  // the transfer plane (peer_init_url's port)
+  int http = -1;      // -1: off
 };
 
 class Daemon {
@@ -29,7 +29,7 @@ class Daemon {
   DaemonPorts ports() const;
   std::string peer_init_url() const;
   std::string local_socket() const;  // the local client socket's path; "" when off
-  std::string metrics() const;  // Prometheus text, as /metrics serves it
+  std::string metrics() const;       // Prometheus text, as /metrics serves it
 
   struct Parts;
 

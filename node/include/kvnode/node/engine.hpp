@@ -37,7 +37,8 @@ class Engine {
 
   // Stores one chunk's bytes (exactly a page); readable, and reported, only once all are in.
   // `evict_up_to`: as ChunkStore::reserve (a put of many chunks never evicts its own).
-  Status put(ChunkHash hash, std::span<const std::byte> bytes, std::uint64_t evict_up_to = ChunkStore::kAnyAge);
+  Status put(ChunkHash hash, std::span<const std::byte> bytes,
+             std::uint64_t evict_up_to = ChunkStore::kAnyAge);
   // Copies a stored chunk out; its size, or an error when absent.
   Result<std::size_t> get(ChunkHash hash, std::span<std::byte> out);
 
@@ -64,13 +65,14 @@ class Engine {
   bool refresh(ChunkHash hash) { return store_.refresh(hash); }
   std::uint64_t tick() const { return store_.tick(); }
   std::size_t leading(std::span<const ChunkHash> hashes) { return store_.leading(hashes); }
-  std::vector<Lease> lease_leading(std::span<const ChunkHash> hashes) { return store_.lease_leading(hashes); }
+  std::vector<Lease> lease_leading(std::span<const ChunkHash> hashes) {
+    return store_.lease_leading(hashes);
+  }
   std::optional<Lease> lease(ChunkHash hash) { return store_.lease(hash); }
   ChunkStore::Removal remove_or_defer(ChunkHash hash) { return store_.remove_or_defer(hash); }
   gpu::ChunkPool& pool() { return store_.pool(); }
   const std::string& location() const { return store_.location(); }
   StoreCounters counters() const { return store_.counters(); }
-  ChunkStore& store() { return store_; }  // (being retired: use the operations above)
 
  private:
   ChunkStore& store_;

@@ -26,14 +26,14 @@
 namespace kvnode::node {
 
 struct LocalServiceOptions {
-  std::string path{};                          // the socket file
-  std::string instance{};                      // answered by info
+  std::string path{};      // the socket file
+  std::string instance{};  // answered by info
   std::int64_t worker_id = 0;
   std::chrono::milliseconds hold_ttl{30'000};  // reserve/lease holds a client must finish by
   std::size_t max_holds = 4096;                // outstanding holds, all clients together
-  std::size_t staging_slots = 0;  // chunks in the shared staging region; 0: inline only
-  std::string staging_name{};     // its POSIX shm name ("/...")
-  std::size_t max_connections = 256;                // beyond: a new connection is closed at once
+  std::size_t staging_slots = 0;      // chunks in the shared staging region; 0: inline only
+  std::string staging_name{};         // its POSIX shm name ("/...")
+  std::size_t max_connections = 256;  // beyond: a new connection is closed at once
   std::chrono::milliseconds stall_timeout{10'000};  // a client stalled mid-request is cut
   std::size_t max_queued_retrieves = 64;            // beyond: a retrieve is refused (kNoRoom)
 };

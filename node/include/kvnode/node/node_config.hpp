@@ -19,32 +19,32 @@ namespace kvnode::node {
 struct NodeConfig {
   // LMCache keys.
   std::string lmcache_instance_id = "kvnode";
-  std::string controller_pull_url;         // host:port
-  std::string controller_reply_url;        // host:port
-  std::vector<int> lmcache_worker_ports;   // REP port of rank i; empty: a free port
+  std::string controller_pull_url;             // host:port
+  std::string controller_reply_url;            // host:port
+  std::vector<int> lmcache_worker_ports;       // REP port of rank i; empty: a free port
   double lmcache_worker_heartbeat_time = 5.0;  // s; 0 turns heartbeats off (LMCache's default)
   std::string p2p_host = "127.0.0.1";
-  std::vector<int> p2p_init_ports;         // transfer plane port of rank i; empty: a free port
-  std::size_t chunk_size = 256;            // tokens per chunk
-  double max_local_cpu_size = 1.0;         // GB of chunk memory
+  std::vector<int> p2p_init_ports;  // transfer plane port of rank i; empty: a free port
+  std::size_t chunk_size = 256;     // tokens per chunk
+  double max_local_cpu_size = 1.0;  // GB of chunk memory
 
   // kvnode's own.
-  std::int64_t worker_id = 0;              // the TP rank this process serves
-  std::size_t chunk_bytes = 0;             // bytes per chunk; 0: from the KV shape below
+  std::int64_t worker_id = 0;   // the TP rank this process serves
+  std::size_t chunk_bytes = 0;  // bytes per chunk; 0: from the KV shape below
   std::uint32_t kv_layers = 32, kv_heads = 8, kv_head_size = 128;
   std::string kv_dtype = "bfloat16";
   std::string memory = "host";             // host, pinned or device
   std::string advertise_ip = "127.0.0.1";  // where the controller reaches the REP port
   int http_port = 0;                       // /metrics and /health; 0: a free port; < 0: off
   std::string http_host = "127.0.0.1";
-  int http_max_connections = 4096;         // open at once; beyond: 503 and closed
-  std::optional<std::string> ucx_tls;      // else UCX_TLS from the environment, else UCX's choice
+  int http_max_connections = 4096;     // open at once; beyond: 503 and closed
+  std::optional<std::string> ucx_tls;  // else UCX_TLS from the environment, else UCX's choice
   std::optional<std::string> ucx_net_devices;
   std::string log_level = "info";
   // The local client socket (LocalService): "" = /tmp/kvnode-<instance>-<rank>.sock, "off" = none.
   std::string local_socket;
-  double full_sync_startup_delay = 5.0;    // s: random wait before the start-up full sync
-  std::size_t local_staging_mb = 256;      // shared staging for local clients' bytes; 0: inline
+  double full_sync_startup_delay = 5.0;  // s: random wait before the start-up full sync
+  std::size_t local_staging_mb = 256;    // shared staging for local clients' bytes; 0: inline
 };
 
 // The local socket's path after defaults ("" when off).

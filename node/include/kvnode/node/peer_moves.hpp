@@ -108,8 +108,8 @@ using Locate =
 
 // A Locate that asks the controller over `call` (the worker agent's DEALER): BatchedP2PLookupMsg
 // with this worker's instance and TP rank, so the holder found serves the same rank.
-Locate locate_through(std::function<Result<wire::Msg>(const wire::Msg&)> call,
-                      std::string instance, std::int64_t rank);
+Locate locate_through(std::function<Result<wire::Msg>(const wire::Msg&)> call, std::string instance,
+                      std::int64_t rank);
 
 struct MoveResult {
   std::size_t chunks_sent = 0;       // pushed and stored at the destination
@@ -117,8 +117,8 @@ struct MoveResult {
   std::size_t chunks_failed = 0;     // not confirmed: kept at the source
   std::size_t tokens_confirmed = 0;  // the leading tokens the destination now holds
   std::size_t bytes = 0;
-  std::string error{};               // why chunks failed, when some did
-  bool refused = false;              // the move itself was wrong (to this node): nothing tried
+  std::string error{};   // why chunks failed, when some did
+  bool refused = false;  // the move itself was wrong (to this node): nothing tried
 };
 
 struct PeerMovesOptions {
@@ -143,8 +143,7 @@ class PeerMoves {
   // The source side of MoveWorkerMsg: the leading chunks of `tokens` go to the node at
   // `peer_url`. Refused when `peer_url` is this node's own listener: every chunk would count as
   // "already there" and, with copy off, be evicted from the only node holding it.
-  MoveResult move(const std::string& peer_url, const std::vector<std::int64_t>& tokens,
-                  bool copy);
+  MoveResult move(const std::string& peer_url, const std::vector<std::int64_t>& tokens, bool copy);
   // The control handler's Move: the reply the controller gets (num_tokens the destination holds).
   wire::Msg on_move(const wire::MoveWorkerMsg& m);
   // P2P retrieval of the chunks of `tokens` this node lacks, from the node `locate` names.

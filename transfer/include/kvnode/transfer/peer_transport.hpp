@@ -1,7 +1,7 @@
 // What the node needs from a transfer plane, and nothing more: name itself, copy pages to and
 // from a peer's pool, and exchange a small request with the peer's node. TransferPlane (UCX) is
 // the implementation a node runs; tests put an in-process fake behind the same seam
-// (tests/support/fake_transport.hpp) to drive the move and retrieve protocols through faults that
+// (tests/node/fake_transport.hpp) to drive the move and retrieve protocols through faults that
 // a real network produces only by chance. Results are futures: a caller on its own thread waits,
 // the transport's thread never blocks on it.
 #pragma once
@@ -77,7 +77,8 @@ class PeerTransport {
   // kInvalid (a request over 8 KiB, a peer that is not host:port), kPeerLost (the peer could not
   // be reached, or the session broke before the answer), kDeadline (no answer in time),
   // kRefused (the peer's node answers no asks), else the code the peer's handler failed with.
-  virtual std::future<Result<std::vector<std::byte>>> ask(const std::string& peer, std::vector<std::byte> request,
+  virtual std::future<Result<std::vector<std::byte>>> ask(const std::string& peer,
+                                                          std::vector<std::byte> request,
                                                           TransferOptions options) = 0;
 };
 

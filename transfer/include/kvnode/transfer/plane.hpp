@@ -70,7 +70,7 @@ struct PlaneCounters {
   std::uint64_t bytes_served = 0;  // read from or written to our pool by peers (AM and RMA)
   std::uint64_t sessions_opened = 0;
   std::uint64_t sessions_reset = 0;
-  std::uint64_t requests_rejected = 0;  // peers' requests refused (bad pages, bad lengths)
+  std::uint64_t requests_rejected = 0;         // peers' requests refused (bad pages, bad lengths)
   std::uint64_t failures[kFailureCount] = {};  // by Failure
 };
 
