@@ -2,6 +2,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <exception>
+#include <list>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -29,16 +32,6 @@ bool is_control(const wire::Msg& m) {
          holds<wire::CheckFinishWorkerMsg>(m);
 }
 
-// The handler's reply; an ErrorMsg when there is none or it throws.
-wire::Msg answer(const ControlServer::Handler& control, const wire::Msg& request) {
-  if (!control) return wire::ErrorMsg{"Worker error: this worker serves no control requests"};
-  try {
-    return control(request);
-  } catch (const std::exception& e) {
-    return wire::ErrorMsg{std::string("Worker error: ") + e.what()};
-  }
-}
-
 }  // namespace
 
 bool runs_long(const wire::Msg& request) {
@@ -48,8 +41,7 @@ bool runs_long(const wire::Msg& request) {
 Result<std::unique_ptr<ControlServer>> ControlServer::start(zmq::context_t& ctx, int port,
                                                             std::size_t max_queued_moves,
                                                             Handler control) {
-  Result<std::unique_ptr<MoveExecutor>> moves = MoveExecutor::start(
-      max_queued_moves, [control](const wire::Msg& m) { return answer(control, m); });
+  Result<std::unique_ptr<MoveExecutor>> moves = MoveExecutor::start(max_queued_moves, control);
   if (!moves) return moves.error();
   try {
     // A ROUTER, not a REP: libzmq's REP loses a later client's reply after a message without the
@@ -103,12 +95,16 @@ void ControlServer::serve() {
       if (items[0].revents & ZMQ_POLLIN) take_request();
     } catch (const std::exception& e) {  // zmq errors, and bad_alloc from a hostile request
       spdlog::warn("worker agent: control socket: {}", e.what());
+    } catch (...) {
+      spdlog::warn("worker agent: control socket: an exception that is not a std::exception");
     }
   }
   try {
     finish();
   } catch (const std::exception& e) {
     spdlog::warn("worker agent: control socket while stopping: {}", e.what());
+  } catch (...) {
+    spdlog::warn("worker agent: control socket while stopping: an unknown exception");
   }
 }
 
@@ -130,54 +126,93 @@ void ControlServer::take_request() {
     }
   head.erase(head.begin() + static_cast<std::ptrdiff_t>(envelope), head.end());
 
-  Result<wire::Msg> request = wire::decode(frame.to_string_view());
-  if (!request) return send(head, wire::ErrorMsg{"Worker error: " + request.error().message});
-  if (!is_control(*request))
-    return send(head, wire::ErrorMsg{"Unknown message: " +
-                                     wire::python_class_text(wire::tag_of(*request))});
-  if (!runs_long(*request)) return send(head, answer(control_, *request));
-  const std::uint64_t ticket = next_ticket_++;
-  if (moves_->submit(ticket, std::move(*request))) {
-    waiting_.emplace(ticket, std::move(head));
-    return;
+  // From here on the request has an envelope to answer with: whatever fails is answered.
+  std::optional<wire::Msg> reply;
+  try {
+    reply = dispatch(head, frame);
+  } catch (const std::exception& e) {  // out of memory, most likely
+    reply = wire::ErrorMsg{std::string(kWorkerErrorPrefix) + e.what()};
+  } catch (...) {
+    reply = wire::ErrorMsg{std::string(kUnknownExceptionText)};
   }
-  const MoveExecutor::Load load = moves_->load();
-  moves_refused_.fetch_add(1, std::memory_order_relaxed);
-  send(head,
-       wire::ErrorMsg{"Worker error: busy with " + std::to_string(load.running + load.queued) +
-                      " moves (" + std::to_string(load.running) + " running, " +
-                      std::to_string(load.queued) + " queued); ask again when one finishes"});
+  if (reply) send(head, *reply);
+}
+
+// The reply to send now, or nothing when the request went to the move executor (`head`, its
+// envelope, then waits in waiting_ for the move's reply).
+std::optional<wire::Msg> ControlServer::dispatch(Frames& head, const zmq::message_t& payload) {
+  Result<wire::Msg> request = wire::decode(payload.to_string_view());
+  if (!request) return wire::ErrorMsg{std::string(kWorkerErrorPrefix) + request.error().message};
+  if (!is_control(*request)) {
+    return wire::ErrorMsg{"Unknown message: " + wire::python_class_text(wire::tag_of(*request))};
+  }
+  if (!runs_long(*request)) return reply_or_error(control_, *request);
+  // The envelope waits before the move is queued: once queued, its reply has somewhere to go.
+  const std::uint64_t ticket = next_ticket_++;
+  const auto waiting = waiting_.emplace(ticket, Frames{}).first;
+  bool queued = false;
+  try {
+    queued = moves_->submit(ticket, std::move(*request));
+  } catch (...) {
+    waiting_.erase(waiting);
+    throw;
+  }
+  if (!queued) {
+    waiting_.erase(waiting);
+    const MoveExecutor::Load load = moves_->load();
+    moves_refused_.fetch_add(1, std::memory_order_relaxed);
+    return wire::ErrorMsg{busy_text(load.running, load.queued)};
+  }
+  waiting->second = std::move(head);  // no allocation: a vector's move
+  return std::nullopt;
 }
 
 void ControlServer::send_finished() {
-  for (MoveExecutor::Finished& done : moves_->take_finished()) {
+  for (MoveExecutor::Job& done : moves_->take_finished()) {
     auto it = waiting_.find(done.ticket);
     if (it == waiting_.end()) continue;  // cannot happen: every ticket queued has an envelope
-    Frames envelope = std::move(it->second);
+    send(it->second, done.reply);
     waiting_.erase(it);
-    send(envelope, done.reply);
   }
 }
 
 void ControlServer::finish() {
   socket_.set(zmq::sockopt::linger, static_cast<int>(kStopLinger.count()));
-  const std::vector<std::uint64_t> never_started = moves_->stop();  // waits for the running one
+  const std::list<MoveExecutor::Job> never_started = moves_->stop();  // waits for the running one
   send_finished();
-  for (const std::uint64_t ticket : never_started) {
-    auto it = waiting_.find(ticket);
+  for (const MoveExecutor::Job& job : never_started) {
+    auto it = waiting_.find(job.ticket);
     if (it == waiting_.end()) continue;
-    send(it->second, wire::ErrorMsg{"Worker error: the node is stopping; the move did not start"});
+    send(it->second, wire::ErrorMsg{std::string(kStoppingText)});
     waiting_.erase(it);
   }
 }
 
-void ControlServer::send(Frames& envelope, const wire::Msg& reply) {
-  const bool failed = std::holds_alternative<wire::ErrorMsg>(reply);
-  requests_.fetch_add(1, std::memory_order_relaxed);
-  if (failed) errors_.fetch_add(1, std::memory_order_relaxed);
-  const std::string payload = wire::encode(reply);  // before the first frame goes out
-  for (zmq::message_t& frame : envelope) socket_.send(frame, zmq::send_flags::sndmore);
-  socket_.send(zmq::buffer(payload), zmq::send_flags::none);
+// Sends `reply` with `envelope`; never throws, so one reply that cannot leave does not take those
+// after it down too. A reply that cannot be encoded (out of memory) leaves as an ErrorMsg if one
+// still can.
+void ControlServer::send(Frames& envelope, const wire::Msg& reply) noexcept {
+  try {
+    bool failed = std::holds_alternative<wire::ErrorMsg>(reply);
+    std::string payload;  // encoded before the first frame goes out
+    try {
+      payload = wire::encode(reply);
+    } catch (const std::exception& e) {
+      spdlog::warn("worker agent: cannot encode a {} reply: {}", wire::tag_of(reply), e.what());
+      payload = wire::encode(
+          wire::ErrorMsg{std::string(kWorkerErrorPrefix) + "cannot encode the reply: " + e.what()});
+      failed = true;
+    }
+    // Counted before it leaves: a caller that has its answer sees it counted.
+    requests_.fetch_add(1, std::memory_order_relaxed);
+    if (failed) errors_.fetch_add(1, std::memory_order_relaxed);
+    for (zmq::message_t& frame : envelope) socket_.send(frame, zmq::send_flags::sndmore);
+    socket_.send(zmq::buffer(payload), zmq::send_flags::none);
+  } catch (const std::exception& e) {
+    spdlog::warn("worker agent: a control reply was lost: {}", e.what());
+  } catch (...) {
+    spdlog::warn("worker agent: a control reply was lost to an unknown exception");
+  }
 }
 
 }  // namespace kvnode::agent

@@ -7,7 +7,11 @@
 // to the socket.
 //
 // Stopping: a move already running finishes (its handler returns) and is answered; moves still
-// queued never start and are answered with an ErrorMsg saying the node is stopping.
+// queued never start and are answered with an ErrorMsg saying the node is stopping (kStoppingText).
+// A move beyond the queue bound is answered at once with busy_text() (move_executor.hpp).
+//
+// A handler that throws (anything, not only a std::exception) gets its request answered with an
+// ErrorMsg, and the port keeps serving; so does a reply that cannot be encoded, when memory allows.
 #pragma once
 
 #include <atomic>
@@ -16,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 #include <zmq.hpp>
@@ -39,7 +44,7 @@ struct ControlStats {
 
 class ControlServer {
  public:
-  using Handler = std::function<wire::Msg(const wire::Msg& request)>;
+  using Handler = ControlHandler;
 
   // Binds `port` (0: a free one) on every interface and starts serving. `control` may be unset
   // (every request is then answered with an ErrorMsg) and may run on two threads at once.
@@ -61,9 +66,10 @@ class ControlServer {
                 Handler control);
   void serve();
   void take_request();
+  std::optional<wire::Msg> dispatch(Frames& head, const zmq::message_t& payload);
   void send_finished();
   void finish();  // on the way out: answers what is queued or running
-  void send(Frames& envelope, const wire::Msg& reply);
+  void send(Frames& envelope, const wire::Msg& reply) noexcept;
 
   zmq::socket_t socket_;  // the serving thread's alone
   const int port_;

@@ -1,29 +1,17 @@
+// The worker agent: registration and heartbeats, requests on a DEALER, event batching, and the
+// facade; the full sync is in full_sync.cpp, the worker port in control_server.cpp.
 #include "kvnode/agent/worker_agent.hpp"
 
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <atomic>
-#include <condition_variable>
-#include <deque>
-#include <map>
-#include <mutex>
-#include <random>
-#include <set>
-#include <thread>
-#include <vector>
-#include <zmq.hpp>
+#include <string>
 
-#include "control_server.hpp"
-#include "controller_link.hpp"
 #include "kvnode/wire/codec.hpp"
+#include "worker_agent_impl.hpp"
 
 namespace kvnode::agent {
 namespace {
-
-std::string endpoint(const std::string& url) {
-  return url.starts_with("tcp://") ? url : "tcp://" + url;
-}
 
 template <class T>
 const T* as(const wire::Msg& m) {
@@ -31,84 +19,6 @@ const T* as(const wire::Msg& m) {
 }
 
 }  // namespace
-
-class WorkerAgent::Impl {
- public:
-  Impl(const AgentOptions& o, AgentHandlers h) : options_(o), handlers_(std::move(h)) {}
-  ~Impl() { shutdown(); }
-
-  Status serve_control();
-  void launch();
-  void shutdown();
-  int port() const { return port_; }
-  void report(const std::string& location, wire::OpType op, std::int64_t hash);
-  Result<wire::Msg> call(const wire::Msg& request);
-  AgentCounters counters() const {
-    AgentCounters c;
-    {
-      std::lock_guard lock(counters_mutex_);
-      c = counters_;
-    }
-    const ControlStats s = server_->stats();
-    c.control_requests = s.requests;
-    c.control_errors = s.errors;
-    c.moves_running = s.moves_running;
-    c.moves_queued = s.moves_queued;
-    c.moves_refused = s.moves_refused;
-    return c;
-  }
-
- private:
-  ControllerLink link(const std::string& url) {
-    // The monitor's inproc name needs to be unique within context_, which is this agent's.
-    const auto n = links_made_.fetch_add(1, std::memory_order_relaxed);
-    return ControllerLink(context_, endpoint(url), std::to_string(n), options_.request_timeout);
-  }
-  Result<wire::Msg> exchange(ControllerLink& link, const wire::Msg& request) {
-    return link.exchange(request, options_.request_timeout, [this] { return stopping_.load(); });
-  }
-  bool wait_or_stop(std::chrono::milliseconds d) {
-    std::unique_lock lock(stop_mutex_);
-    return stop_cv_.wait_for(lock, d, [&] { return stopping_.load(); });
-  }
-  void push_events();
-  void register_and_heartbeat();
-  void full_sync(const std::string& reason);
-  bool send_raw(const wire::Msg& m);  // through the events thread's PUSH, in order
-  template <class F>
-  void count(F f) {
-    std::lock_guard lock(counters_mutex_);
-    f(counters_);
-  }
-
-  AgentOptions options_;
-  AgentHandlers handlers_;
-  zmq::context_t context_{1};
-  std::unique_ptr<ControlServer> server_;  // after context_: its socket closes first
-  int port_ = 0;
-
-  std::atomic<bool> stopping_{false};
-  std::atomic<bool> registered_{false};
-  std::mutex stop_mutex_;
-  std::condition_variable stop_cv_;
-
-  std::mutex events_mutex_;
-  std::condition_variable events_cv_;
-  std::deque<std::pair<std::string, wire::KVOpEvent>> events_;
-  std::map<std::string, std::int64_t> next_seq_;  // per location, from 0
-
-  std::deque<wire::Msg> raw_;  // full-sync messages for the PUSH socket (under events_mutex_)
-  std::thread sync_thread_;
-  std::atomic<bool> syncing_{false};
-
-  std::atomic<std::uint64_t> links_made_{0};
-  std::mutex call_mutex_;
-  std::optional<ControllerLink> call_link_;
-
-  mutable std::mutex counters_mutex_;
-  AgentCounters counters_;
-  std::thread events_thread_, control_thread_;
-};
 
 // Binds the worker port and answers control requests from now on (moves on their own executor).
 Status WorkerAgent::Impl::serve_control() {
@@ -226,105 +136,6 @@ void WorkerAgent::Impl::register_and_heartbeat() {
       });
     }
   }
-}
-
-// ---- Full sync --------------------------------------------------------------------------------
-
-bool WorkerAgent::Impl::send_raw(const wire::Msg& m) {
-  {
-    std::lock_guard lock(events_mutex_);
-    raw_.push_back(m);
-  }
-  events_cv_.notify_one();
-  return true;
-}
-
-void WorkerAgent::Impl::full_sync(const std::string& reason) {
-  std::mt19937_64 rng(std::random_device{}());
-  const auto delay =
-      options_.full_sync_startup_delay.count() > 0
-          ? std::chrono::milliseconds(rng() % options_.full_sync_startup_delay.count())
-          : std::chrono::milliseconds(0);
-  if (wait_or_stop(delay)) return;
-  count([](AgentCounters& c) { ++c.full_syncs_started; });
-  if (handlers_.freeze) handlers_.freeze(true);
-  struct Unfreeze {  // freeze(false) runs whatever happens below
-    const AgentHandlers& h;
-    ~Unfreeze() {
-      if (h.freeze) h.freeze(false);
-    }
-  } unfreeze{handlers_};
-
-  const std::string location = "LocalCPUBackend";
-  const std::vector<std::int64_t> keys = handlers_.snapshot();
-  const std::size_t per = std::max<std::size_t>(1, options_.full_sync_batch_size);
-  const std::int64_t batches =
-      std::max<std::int64_t>(1, static_cast<std::int64_t>((keys.size() + per - 1) / per));
-  char id[9];
-  std::snprintf(id, sizeof(id), "%08x", static_cast<unsigned>(rng()));
-  const std::string sync_id =
-      options_.instance_id + "_" + std::to_string(options_.worker_id) + "_" + id;
-  spdlog::info("worker agent: full sync {} ({}): {} keys in {} batches", sync_id, reason,
-               keys.size(), batches);
-
-  bool accepted = false;
-  for (int t = 0; t < options_.full_sync_start_tries && !accepted && !stopping_; ++t) {
-    if (t && wait_or_stop(options_.full_sync_retry_delay)) return;
-    Result<wire::Msg> r =
-        call(wire::FullSyncStartMsg{options_.instance_id, options_.worker_id, location, sync_id,
-                                    static_cast<std::int64_t>(keys.size()), batches});
-    const auto* ret = r ? std::get_if<wire::FullSyncStartRetMsg>(&*r) : nullptr;
-    accepted = ret && ret->accepted;
-    if (ret && !ret->accepted)
-      spdlog::warn("worker agent: full sync refused: {}", ret->error_msg.value_or(""));
-  }
-  if (!accepted) return;
-
-  auto send_batch = [&](std::int64_t b) {
-    const std::size_t from = static_cast<std::size_t>(b) * per;
-    const std::size_t to = std::min(keys.size(), from + per);
-    wire::FullSyncBatchMsg m{options_.instance_id, options_.worker_id, location, sync_id, b, {}};
-    for (std::size_t i = from; i < to; ++i) m.keys.emplace_back(keys[i]);
-    send_raw(m);
-  };
-  const wire::FullSyncEndMsg end{options_.instance_id, options_.worker_id, location, sync_id,
-                                 static_cast<std::int64_t>(keys.size())};
-  for (std::int64_t b = 0; b < batches; ++b) {
-    send_batch(b);
-    if (wait_or_stop(options_.full_sync_batch_interval)) return;
-  }
-  send_raw(end);
-
-  // The first polls come quickly (a sync of a few keys completes in milliseconds and the node
-  // refuses writes while frozen); the wait doubles up to the poll interval. The time allowed
-  // is what max_polls polls at the interval would take.
-  int resends = 0;
-  const auto give_up = std::chrono::steady_clock::now() +
-                       options_.full_sync_poll_interval * options_.full_sync_max_polls;
-  auto wait = std::min(options_.full_sync_poll_interval, std::chrono::milliseconds(50));
-  while (std::chrono::steady_clock::now() < give_up) {
-    if (wait_or_stop(wait)) return;
-    wait = std::min(wait * 2, options_.full_sync_poll_interval);
-    Result<wire::Msg> r =
-        call(wire::FullSyncStatusMsg{options_.instance_id, options_.worker_id, sync_id});
-    const auto* st = r ? std::get_if<wire::FullSyncStatusRetMsg>(&*r) : nullptr;
-    if (!st) continue;  // LMCache's fallback: not complete, keep polling
-    if (st->can_exit_freeze) {
-      count([](AgentCounters& c) { ++c.full_syncs_completed; });
-      spdlog::info("worker agent: full sync {} done", sync_id);
-      return;
-    }
-    if (!st->missing_batches.empty() && resends < options_.full_sync_max_resends) {
-      ++resends;
-      for (std::int64_t b : st->missing_batches)
-        if (b >= 0 && b < batches) send_batch(b);
-      send_raw(end);
-    }
-  }
-  spdlog::warn("worker agent: full sync {} not confirmed within {} s; unfreezing", sync_id,
-               std::chrono::duration_cast<std::chrono::seconds>(options_.full_sync_poll_interval *
-                                                                options_.full_sync_max_polls)
-                   .count());
 }
 
 // ---- Events -----------------------------------------------------------------------------------

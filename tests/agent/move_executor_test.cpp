@@ -1,8 +1,11 @@
 // Moves run off the worker port's thread (issue 20 item 3), checked with a DEALER and a REQ
 // straight to the agent's port: health is answered while a move runs, moves run one at a time in
 // arrival order, a move beyond the queue bound is answered "busy" at once, and stopping waits for
-// the running move and answers the queued ones. The control handler is the test's own (the
-// seam): its moves wait at a gate the test opens.
+// the running move and answers the queued ones, and a handler that throws anything at all gets
+// its request answered with an ErrorMsg while the port keeps serving. The control handler is the
+// test's own (the seam): its moves wait at a gate the test opens.
+#include "move_executor.hpp"  // the texts of the ErrorMsgs the port writes itself
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -10,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <string>
 #include <thread>
@@ -27,13 +31,20 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 constexpr const char* kCpu = "LocalCPUBackend";
 constexpr auto kPatience = 5s;
+// Requests whose handler throws instead of answering: an int (no std::exception), or bad_alloc.
+constexpr const char* kHealthThrowsInt = "throw an int";
+constexpr std::int64_t kMoveThrowsInt = -7;
+constexpr std::int64_t kMoveThrowsBadAlloc = -8;
 
 // A control handler whose moves wait at a gate until the test opens it. A move's reply carries
 // its first token as num_tokens, so each reply names its request.
 class GatedMoves {
  public:
   wire::Msg handle(const wire::Msg& m) {
-    if (std::holds_alternative<wire::HealthWorkerMsg>(m)) return wire::HealthWorkerRetMsg{0};
+    if (const auto* health = std::get_if<wire::HealthWorkerMsg>(&m)) {
+      if (health->worker_event_id == kHealthThrowsInt) throw 7;
+      return wire::HealthWorkerRetMsg{0};
+    }
     if (std::holds_alternative<wire::ClearWorkerMsg>(m)) return wire::ClearWorkerRetMsg{0};
     const auto* move = std::get_if<wire::MoveWorkerMsg>(&m);
     if (!move) return wire::ErrorMsg{"unexpected request"};
@@ -41,6 +52,8 @@ class GatedMoves {
     std::unique_lock lock(mutex_);
     started_.push_back(id);
     cv_.notify_all();
+    if (id == kMoveThrowsInt) throw 7;
+    if (id == kMoveThrowsBadAlloc) throw std::bad_alloc();
     cv_.wait(lock, [&] { return open_; });
     return wire::MoveWorkerRetMsg{id};
   }
@@ -213,8 +226,8 @@ TEST_F(MoveExecutorTest, AMoveBeyondTheQueueBoundIsAnsweredBusyAtOnce) {
   auto busy = client_->receive(2s);
   ASSERT_TRUE(busy.has_value()) << "the refused move was not answered at once";
   EXPECT_EQ(busy->first, "move 3");
-  EXPECT_EQ(error_of(busy->second),
-            "Worker error: busy with 2 moves (1 running, 1 queued); ask again when one finishes");
+  EXPECT_TRUE(error_of(busy->second).starts_with(kBusyPrefix)) << error_of(busy->second);
+  EXPECT_EQ(error_of(busy->second), busy_text(/*running=*/1, /*queued=*/1));
   EXPECT_EQ(agent_->counters().moves_refused, 1u);
   gate_.open();
   for (std::int64_t id : {1, 2}) {
@@ -248,8 +261,46 @@ TEST_F(MoveExecutorTest, StoppingWaitsForTheRunningMoveAndRefusesTheQueuedOnes) 
   auto second = client_->receive(kPatience);
   ASSERT_TRUE(second.has_value()) << "the queued move was not answered";
   EXPECT_EQ(second->first, "move 2");
-  EXPECT_EQ(error_of(second->second), "Worker error: the node is stopping; the move did not start");
+  EXPECT_EQ(error_of(second->second), kStoppingText);
   EXPECT_EQ(gate_.started(), std::vector<std::int64_t>{1});
+}
+
+TEST_F(MoveExecutorTest, AHandlerThatThrowsAnythingIsAnsweredWithAnErrorMsgAndServingGoesOn) {
+  start();
+  // On the port's thread: an int is no std::exception, and once ended the process.
+  client_->send("health throws", wire::HealthWorkerMsg{kHealthThrowsInt});
+  auto health = client_->receive(2s);
+  ASSERT_TRUE(health.has_value()) << "the throwing health request was not answered";
+  EXPECT_EQ(health->first, "health throws");
+  EXPECT_EQ(error_of(health->second), kUnknownExceptionText);
+  // On the move executor's thread: an int, then a std::exception (its what() is the reason).
+  client_->send("move throws int", move(kMoveThrowsInt));
+  auto thrown = client_->receive(kPatience);
+  ASSERT_TRUE(thrown.has_value()) << "the move that threw an int was not answered";
+  EXPECT_EQ(thrown->first, "move throws int");
+  EXPECT_EQ(error_of(thrown->second), kUnknownExceptionText);
+  client_->send("move throws bad_alloc", move(kMoveThrowsBadAlloc));
+  auto no_memory = client_->receive(kPatience);
+  ASSERT_TRUE(no_memory.has_value()) << "the move that threw bad_alloc was not answered";
+  EXPECT_EQ(no_memory->first, "move throws bad_alloc");
+  EXPECT_EQ(error_of(no_memory->second), std::string(kWorkerErrorPrefix) + std::bad_alloc().what());
+
+  // Both threads still serve.
+  client_->send("health", wire::HealthWorkerMsg{"h2"});
+  auto healthy = client_->receive(2s);
+  ASSERT_TRUE(healthy.has_value()) << "health was not answered after a handler threw";
+  EXPECT_EQ(healthy->second, wire::Msg(wire::HealthWorkerRetMsg{0}));
+  gate_.open();
+  client_->send("move 1", move(1));
+  auto moved_one = client_->receive(kPatience);
+  ASSERT_TRUE(moved_one.has_value()) << "a move was not answered after a move threw";
+  EXPECT_EQ(moved_one->first, "move 1");
+  EXPECT_EQ(moved(moved_one->second), 1);
+  EXPECT_EQ(gate_.started(), (std::vector<std::int64_t>{kMoveThrowsInt, kMoveThrowsBadAlloc, 1}));
+  const AgentCounters c = agent_->counters();
+  EXPECT_EQ(c.control_requests, 5u);
+  EXPECT_EQ(c.control_errors, 3u);
+  EXPECT_EQ(c.moves_running, 0u);
 }
 
 }  // namespace
