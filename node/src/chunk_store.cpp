@@ -213,9 +213,10 @@ ChunkStore::Removal ChunkStore::remove_or_defer(ChunkHash hash) {
   return Removal::kDone;
 }
 
-std::size_t ChunkStore::clear() {
-  std::lock_guard lock(mutex_);
-  if (frozen_) return 0;
+Result<std::size_t> ChunkStore::clear() {
+  std::lock_guard lock(mutex_);  // frozen is decided under the lock that keeps it
+  if (frozen_)
+    return make_error(ErrorCode::kFrozen, "a full sync is running; ask again when it ends");
   std::vector<ChunkHash> victims;
   for (ChunkHash h : lru_)
     if (entries_.at(h).pins == 0) victims.push_back(h);

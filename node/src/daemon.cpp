@@ -51,7 +51,7 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const NodeConfig& c) {
                  po.pages);
   const auto pool_start = std::chrono::steady_clock::now();
   Result<gpu::ChunkPool> pool = gpu::ChunkPool::create(po);
-  if (!pool) return make_error("chunk memory: " + pool.error().message);
+  if (!pool) return wrap_error("chunk memory: ", std::move(pool).error());
   p->pool.emplace(std::move(pool).value());
   spdlog::info(
       "kvnode: {} chunks of {} bytes in {} memory, ready in {:.1f} s", po.pages, po.page_bytes,

@@ -31,6 +31,10 @@ std::string metrics_text(const Daemon::Parts& p) {
          static_cast<std::uint64_t>(s.evicted));
   metric("kvnode_chunks_evicted_for_space_total", "counter", "LRU evictions under pressure.", loc,
          static_cast<std::uint64_t>(s.evicted_for_space));
+  metric("kvnode_peer_reservations", "gauge", "Pages reserved here for peers' moves.", "",
+         static_cast<std::uint64_t>(p.peers->reservations()));
+  metric("kvnode_peer_leases", "gauge", "Chunks held here for peers' retrieves.", "",
+         static_cast<std::uint64_t>(p.peers->leases()));
   const transfer::PlaneCounters t = p.plane->counters();
   out << "# HELP kvnode_transfers_total Transfers this node started, by result.\n"
          "# TYPE kvnode_transfers_total counter\n";

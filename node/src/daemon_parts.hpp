@@ -28,7 +28,7 @@ struct Daemon::Parts {
   std::atomic<agent::WorkerAgent*> agent_ptr{nullptr};
   std::optional<ChunkStore> store;
   std::optional<Engine> engine;
-  std::optional<PeerService> peers;  // answers peers' asks (the plane's on_ask)
+  std::optional<PeerService> peers;  // answers peers' asks (the plane's on_ask); ends their holds
   std::unique_ptr<transfer::TransferPlane> plane;
   std::optional<PeerMoves> moves;
   std::optional<ControlHandler> control;
@@ -40,6 +40,9 @@ struct Daemon::Parts {
 
   ~Parts() {
     if (http) http->stop();
+    // A running move or retrieve ends at its next state (a move waiting out a destination's full
+    // sync is woken), so neither the agent nor a local client waits for it below.
+    if (moves) moves->stop();
     local.reset();  // aborts clients' unfinished writes
     agent_ptr = nullptr;
     agent.reset();  // answers or refuses its moves, flushes events, de-registers

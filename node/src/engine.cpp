@@ -13,7 +13,7 @@ Result<std::vector<ChunkHash>> Engine::hashes(std::span<const std::int64_t> toke
   out.reserve(wide->size());
   for (const wire::ChunkHash& h : *wide) {
     const std::optional<std::int64_t> v = h.as_int64();
-    if (!v) return make_error("a chunk hash does not fit 64 bits");
+    if (!v) return make_error(ErrorCode::kInvalid, "a chunk hash does not fit 64 bits");
     out.push_back(*v);
   }
   return out;
@@ -29,10 +29,11 @@ std::size_t Engine::lookup_tokens(std::span<const std::int64_t> tokens, const st
 Status Engine::put(ChunkHash hash, std::span<const std::byte> bytes, std::uint64_t evict_up_to) {
   gpu::ChunkPool& pool = store_.pool();
   if (pool.region().kind() == gpu::MemoryKind::kDevice)
-    return make_error("put into a device pool goes through the GPU client path, not memcpy");
+    return make_error(ErrorCode::kInvalid,
+                      "put into a device pool goes through the GPU client path, not memcpy");
   if (bytes.size() != pool.page_bytes())
-    return make_error("a chunk is " + std::to_string(pool.page_bytes()) + " bytes, got " +
-                      std::to_string(bytes.size()));
+    return make_error(ErrorCode::kInvalid, "a chunk is " + std::to_string(pool.page_bytes()) +
+                                               " bytes, got " + std::to_string(bytes.size()));
   Result<gpu::PageId> page = store_.reserve(hash, evict_up_to);
   if (!page) return page.error();
   std::memcpy(pool.page(*page), bytes.data(), bytes.size());
@@ -42,19 +43,19 @@ Status Engine::put(ChunkHash hash, std::span<const std::byte> bytes, std::uint64
 Result<std::size_t> Engine::get(ChunkHash hash, std::span<std::byte> out) {
   gpu::ChunkPool& pool = store_.pool();
   if (pool.region().kind() == gpu::MemoryKind::kDevice)
-    return make_error("get from a device pool goes through the GPU client path, not memcpy");
+    return make_error(ErrorCode::kInvalid,
+                      "get from a device pool goes through the GPU client path, not memcpy");
   std::optional<Lease> lease = store_.lease(hash);
-  if (!lease) return make_error("chunk not found");
+  if (!lease) return make_error(ErrorCode::kNotFound, "chunk not found");
   if (out.size() < pool.page_bytes())
-    return make_error("the buffer holds " + std::to_string(out.size()) + " bytes, a chunk " +
-                      std::to_string(pool.page_bytes()));
+    return make_error(ErrorCode::kInvalid, "the buffer holds " + std::to_string(out.size()) +
+                                               " bytes, a chunk " +
+                                               std::to_string(pool.page_bytes()));
   std::memcpy(out.data(), pool.page(lease->page()), pool.page_bytes());
   return pool.page_bytes();
 }
 
 Result<std::size_t> Engine::clear() {
-  if (store_.frozen())
-    return make_error(ErrorCode::kFrozen, "a full sync is running; ask again when it ends");
   return store_.clear();
 }
 

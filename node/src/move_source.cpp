@@ -3,10 +3,10 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <thread>
 
 #include "kvnode/keys/chunk_hash.hpp"
 #include "peer_address.hpp"
+#include "peer_client.hpp"
 
 namespace kvnode::node {
 
@@ -33,6 +33,8 @@ const char* to_string(MoveEvent e) {
       return "run_ends";
     case MoveEvent::kKeepSource:
       return "keep_source";
+    case MoveEvent::kStopped:
+      return "stopped";
   }
   return "unknown";
 }
@@ -40,6 +42,7 @@ const char* to_string(MoveEvent e) {
 MoveState next(MoveState s, MoveEvent e) {
   using S = MoveState;
   using E = MoveEvent;
+  if (e == E::kStopped && s != S::kDone) return S::kFailed;  // from any state
   switch (s) {
     case S::kLeaseLocal:
       if (e == E::kOk) return S::kReserve;
@@ -82,11 +85,12 @@ MoveState next(MoveState s, MoveEvent e) {
 }
 
 MoveSource::MoveSource(Engine& engine, transfer::PeerTransport& transport,
-                       const PeerMovesOptions& options, std::uint64_t id, std::string peer,
-                       const std::vector<std::int64_t>& tokens, bool copy)
+                       const PeerMovesOptions& options, const StopSignal& stop, std::uint64_t id,
+                       std::string peer, const std::vector<std::int64_t>& tokens, bool copy)
     : engine_(engine),
       transport_(transport),
       options_(options),
+      stop_(stop),
       id_(id),
       peer_(std::move(peer)),
       tokens_(tokens),
@@ -97,9 +101,9 @@ MoveResult MoveSource::run() {
   for (;;) {
     if (options_.on_move_state) options_.on_move_state(s);
     if (s == MoveState::kDone || s == MoveState::kFailed) break;
-    const MoveEvent e = act(s);
+    const MoveEvent e = stop_.stopped() ? stopped(s) : act(s);
     const MoveState n = next(s, e);
-    if (n == MoveState::kFailed && s != MoveState::kLeaseLocal)
+    if (n == MoveState::kFailed && s != MoveState::kLeaseLocal && e != MoveEvent::kStopped)
       note("internal: no transition from " + std::string(to_string(s)) + " on " + to_string(e));
     s = n;
   }
@@ -168,6 +172,9 @@ MoveEvent MoveSource::reserve() {
   Result<peer::ReserveAnswer> a = peer::ask<peer::ReserveAnswer>(transport_, peer_, q);
   if (!a) {
     note(a.error().message);
+    // Past its deadline the destination may have reserved them all the same: released now, not
+    // at the end of its clock, so a move retried at once does not find these chunks busy.
+    if (a.error().code == ErrorCode::kDeadline) peer::give_back(transport_, peer_, q);
     for (std::size_t i : asked) fate_[i] = Fate::kFailed;
     return MoveEvent::kPeerLost;
   }
@@ -206,7 +213,7 @@ MoveEvent MoveSource::reserve() {
 
 MoveEvent MoveSource::wait_thaw() {
   const auto left = frozen_until_ - Clock::now();
-  std::this_thread::sleep_for(
+  (void)stop_.wait_for(  // stop() wakes it: the next state sees the stop
       std::max(Clock::duration::zero(), std::min<Clock::duration>(options_.frozen_poll, left)));
   return MoveEvent::kOk;
 }
@@ -262,6 +269,19 @@ MoveEvent MoveSource::finish() {
 }
 
 MoveEvent MoveSource::next_batch() {
+  const bool gap = count_batch();
+  // The prefix breaks here: later batches could only scatter chunks no node holds a usable
+  // prefix of, so they stay at the source.
+  if (gap) {
+    out_.chunks_failed += leases_.size() - start_;
+    return MoveEvent::kRunEnds;
+  }
+  if (start_ == leases_.size()) return MoveEvent::kRunEnds;
+  begin_batch();
+  return MoveEvent::kMore;
+}
+
+bool MoveSource::count_batch() {
   // Walk the batch in order: what the destination now holds, and where the run breaks.
   bool gap = false;
   for (std::size_t i = 0; i < fate_.size(); ++i) {
@@ -279,15 +299,31 @@ MoveEvent MoveSource::next_batch() {
     out_.tokens_confirmed = keys::chunk_end_token(start_ + i, tokens_.size(), engine_.chunk_size());
   }
   start_ += fate_.size();
-  // The prefix breaks here: later batches could only scatter chunks no node holds a usable
-  // prefix of, so they stay at the source.
-  if (gap) {
-    out_.chunks_failed += leases_.size() - start_;
-    return MoveEvent::kRunEnds;
+  fate_.clear();
+  return gap;
+}
+
+MoveEvent MoveSource::stopped(MoveState s) {
+  note("stopped: this node is shutting down; every chunk not confirmed stays here");
+  switch (s) {
+    case MoveState::kReserve:
+    case MoveState::kWaitThaw:
+    case MoveState::kPush:
+    case MoveState::kFinish:
+    case MoveState::kNextBatch:
+      // The batch is not counted yet: what it settled stands, the rest failed. Pages reserved
+      // there for it end on the destination's clock (an ask now could wait its whole deadline).
+      (void)count_batch();
+      out_.chunks_failed += leases_.size() - start_;
+      break;
+    case MoveState::kLeaseLocal:   // nothing leased: nothing tried
+    case MoveState::kCheckHolds:   // every batch counted; the source evicts nothing
+    case MoveState::kEvictSource:  // (a copy, in effect)
+    case MoveState::kDone:
+    case MoveState::kFailed:
+      break;
   }
-  if (start_ == leases_.size()) return MoveEvent::kRunEnds;
-  begin_batch();
-  return MoveEvent::kMore;
+  return MoveEvent::kStopped;
 }
 
 MoveEvent MoveSource::check_holds() {

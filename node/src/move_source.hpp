@@ -24,6 +24,7 @@ enum class MoveEvent : std::uint8_t {
   kMore,           // the batch was confirmed whole and chunks remain
   kRunEnds,        // the confirmed run ends (a gap, or the last batch)
   kKeepSource,     // copy=true, or the destination holds none of what it confirmed
+  kStopped,        // PeerMoves::stop(): the rest counted failed, nothing evicted
 };
 const char* to_string(MoveEvent e);
 
@@ -35,8 +36,8 @@ class MoveSource {
  public:
   // `id`: unique among this node's moves (the destination keeps each move's pages apart).
   MoveSource(Engine& engine, transfer::PeerTransport& transport, const PeerMovesOptions& options,
-             std::uint64_t id, std::string peer, const std::vector<std::int64_t>& tokens,
-             bool copy);
+             const StopSignal& stop, std::uint64_t id, std::string peer,
+             const std::vector<std::int64_t>& tokens, bool copy);
   MoveResult run();
 
  private:
@@ -68,13 +69,16 @@ class MoveSource {
   MoveEvent next_batch();
   MoveEvent check_holds();
   MoveEvent evict_source();
+  MoveEvent stopped(MoveState s);
   void begin_batch();
+  bool count_batch();  // counts the batch in order; whether the confirmed run broke in it
   ChunkHash hash_of(std::size_t index) const { return leases_[start_ + index].hash(); }
   void note(std::string error) { out_.error = std::move(error); }
 
   Engine& engine_;
   transfer::PeerTransport& transport_;
   const PeerMovesOptions& options_;
+  const StopSignal& stop_;
   std::uint64_t id_;
   std::string peer_;
   const std::vector<std::int64_t>& tokens_;

@@ -67,13 +67,31 @@ Locate locate_through(std::function<Result<wire::Msg>(const wire::Msg&)> call, s
     for (ChunkHash h : hashes) q.hashes.emplace_back(h);
     Result<wire::Msg> r = call(q);
     if (!r) return wrap_error("P2P lookup: ", std::move(r).error());
+    if (const auto* e = std::get_if<wire::ErrorMsg>(&*r))
+      return make_error(ErrorCode::kRefused, "P2P lookup: the controller refused: " + e->error);
+    // The controller answers a lookup with one layout, empty when nobody holds the chunks:
+    // another message, or none, is a malformed answer.
     const auto* ret = std::get_if<wire::BatchedP2PLookupRetMsg>(&*r);
     if (!ret || ret->layout_info.empty())
-      return make_error("P2P lookup: no answer from the controller");
+      return make_error(ErrorCode::kInternal,
+                        "P2P lookup: the controller's answer holds no layout");
     const wire::P2PLayout& l = ret->layout_info[0];
     return std::make_pair(l.peer_init_url,
                           static_cast<std::size_t>(std::max<std::int64_t>(0, l.num_hit_chunks)));
   };
+}
+
+void StopSignal::stop() {
+  {
+    std::lock_guard lock(mutex_);  // a waiter between its check and its wait still wakes
+    stopped_ = true;
+  }
+  wake_.notify_all();
+}
+
+bool StopSignal::wait_for(std::chrono::steady_clock::duration d) const {
+  std::unique_lock lock(mutex_);
+  return wake_.wait_for(lock, d, [this] { return stopped_.load(); });
 }
 
 PeerMoves::PeerMoves(Engine& engine, transfer::PeerTransport& transport, PeerMovesOptions options)
@@ -86,7 +104,8 @@ PeerMoves::PeerMoves(Engine& engine, transfer::PeerTransport& transport, PeerMov
 
 MoveResult PeerMoves::move(const std::string& peer_url, const std::vector<std::int64_t>& tokens,
                            bool copy) {
-  return MoveSource(engine_, transport_, options_, next_move_++, peer_url, tokens, copy).run();
+  return MoveSource(engine_, transport_, options_, stop_, next_move_++, peer_url, tokens, copy)
+      .run();
 }
 
 RetrieveResult PeerMoves::retrieve(const std::vector<std::int64_t>& tokens, const Locate& locate) {
@@ -104,7 +123,7 @@ RetrieveResult PeerMoves::retrieve(const std::vector<std::int64_t>& tokens, cons
 
 RetrieveResult PeerMoves::retrieve_chunks(const std::vector<ChunkHash>& wanted,
                                           const Locate& locate) {
-  return Retrieve(engine_, transport_, options_, wanted, locate).run();
+  return Retrieve(engine_, transport_, options_, stop_, wanted, locate).run();
 }
 
 wire::Msg PeerMoves::on_move(const wire::MoveWorkerMsg& m) {

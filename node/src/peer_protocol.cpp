@@ -339,18 +339,4 @@ Status answers(const Request& request, const Answer& answer) {
   return {};
 }
 
-Result<Answer> exchange(transfer::PeerTransport& transport, const std::string& peer,
-                        const Request& request) {
-  Result<std::vector<std::byte>> bytes = transport.ask(peer, encode(request), {}).get();
-  if (!bytes)
-    return wrap_error(std::string(to_string(op_of(request))) + " at " + peer + ": ",
-                      std::move(bytes).error());
-  Result<Answer> answer = decode_answer(*bytes);
-  if (!answer)
-    return wrap_error(std::string("the ") + to_string(op_of(request)) + " answer of " + peer + ": ",
-                      std::move(answer).error());
-  if (Status s = answers(request, *answer); !s) return wrap_error(peer + ": ", s.error());
-  return answer;
-}
-
 }  // namespace kvnode::node::peer

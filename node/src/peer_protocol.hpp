@@ -1,6 +1,7 @@
 // The peer protocol: what two nodes say through PeerTransport::ask() around a move (source ->
 // destination) and a retrieve (requester -> holder). One struct per request and per answer, a
-// named outcome per chunk, one codec; the states that use them are in peer_moves.hpp.
+// named outcome per chunk, one codec (no I/O: peer_client.hpp sends them and checks the answers);
+// the states that use them are in peer_moves.hpp.
 //
 // Wire format, both ways, little-endian, every length checked before anything is allocated:
 //   [version u8 = 0xA2][op u8][count u16 <= kMaxChunks][move u64: kReserve, kFinish][count items]
@@ -35,7 +36,6 @@
 #include "kvnode/common/result.hpp"
 #include "kvnode/gpu/chunk_pool.hpp"
 #include "kvnode/node/chunk_store.hpp"
-#include "kvnode/transfer/peer_transport.hpp"
 
 namespace kvnode::node::peer {
 
@@ -119,16 +119,5 @@ Result<Request> decode_request(std::span<const std::byte> bytes);
 Result<Answer> decode_answer(std::span<const std::byte> bytes);
 // Whether `a` answers `r`: the same op, and as many items (a lease: at most as many). kInvalid.
 Status answers(const Request& r, const Answer& a);
-
-// Sends `request` to `peer`, waits for its answer and checks it answers the request. Errors: the
-// transport's (the peer unreachable, lost, or past its deadline), or kInvalid.
-Result<Answer> exchange(transfer::PeerTransport& transport, const std::string& peer,
-                        const Request& request);
-template <class A>
-Result<A> ask(transfer::PeerTransport& transport, const std::string& peer, const Request& request) {
-  Result<Answer> a = exchange(transport, peer, request);
-  if (!a) return std::move(a).error();
-  return std::get<A>(std::move(a).value());  // exchange() checked the op
-}
 
 }  // namespace kvnode::node::peer

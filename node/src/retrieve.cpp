@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "peer_client.hpp"
+
 namespace kvnode::node {
 
 const char* to_string(RetrieveEvent e) {
@@ -22,6 +24,8 @@ const char* to_string(RetrieveEvent e) {
       return "more";
     case RetrieveEvent::kRunEnds:
       return "run_ends";
+    case RetrieveEvent::kStopped:
+      return "stopped";
   }
   return "unknown";
 }
@@ -29,6 +33,7 @@ const char* to_string(RetrieveEvent e) {
 RetrieveState next(RetrieveState s, RetrieveEvent e) {
   using S = RetrieveState;
   using E = RetrieveEvent;
+  if (e == E::kStopped && s != S::kDone) return S::kFailed;  // from any state
   switch (s) {
     case S::kLocate:
       if (e == E::kOk) return S::kLeaseRemote;
@@ -62,18 +67,23 @@ RetrieveState next(RetrieveState s, RetrieveEvent e) {
 }
 
 Retrieve::Retrieve(Engine& engine, transfer::PeerTransport& transport,
-                   const PeerMovesOptions& options, const std::vector<ChunkHash>& wanted,
-                   const Locate& locate)
-    : engine_(engine), transport_(transport), options_(options), wanted_(wanted), locate_(locate) {}
+                   const PeerMovesOptions& options, const StopSignal& stop,
+                   const std::vector<ChunkHash>& wanted, const Locate& locate)
+    : engine_(engine),
+      transport_(transport),
+      options_(options),
+      stop_(stop),
+      wanted_(wanted),
+      locate_(locate) {}
 
 RetrieveResult Retrieve::run() {
   RetrieveState s = RetrieveState::kLocate;
   for (;;) {
     if (options_.on_retrieve_state) options_.on_retrieve_state(s);
     if (s == RetrieveState::kDone || s == RetrieveState::kFailed) break;
-    const RetrieveEvent e = act(s);
+    const RetrieveEvent e = stop_.stopped() ? stopped(s) : act(s);
     const RetrieveState n = next(s, e);
-    if (n == RetrieveState::kFailed && s != RetrieveState::kLocate)
+    if (n == RetrieveState::kFailed && s != RetrieveState::kLocate && e != RetrieveEvent::kStopped)
       out_.error =
           "internal: no transition from " + std::string(to_string(s)) + " on " + to_string(e);
     s = n;
@@ -132,6 +142,9 @@ RetrieveEvent Retrieve::lease_remote() {
   q.hashes.assign(wanted_.begin() + static_cast<std::ptrdiff_t>(held_),
                   wanted_.begin() + static_cast<std::ptrdiff_t>(held_ + asked_));
   Result<peer::LeaseAnswer> a = peer::ask<peer::LeaseAnswer>(transport_, out_.peer, q);
+  // Past its deadline the holder may have leased them all the same: unleased now, not at the end
+  // of its clock, so those chunks can be evicted there again.
+  if (!a && a.error().code == ErrorCode::kDeadline) peer::give_back(transport_, out_.peer, q);
   if (!a || a->pages.empty()) {
     out_.error = a ? "the peer no longer holds them" : a.error().message;
     return RetrieveEvent::kPeerLost;
@@ -187,6 +200,15 @@ RetrieveEvent Retrieve::unlease() {
   Result<peer::UnleaseAnswer> a = peer::ask<peer::UnleaseAnswer>(transport_, out_.peer, q);
   if (!a) spdlog::info("retrieve from {}: unlease: {}", out_.peer, a.error().message);
   return stored_ == asked_ && held_ < end_ ? RetrieveEvent::kMore : RetrieveEvent::kRunEnds;
+}
+
+RetrieveEvent Retrieve::stopped(RetrieveState s) {
+  out_.error = "stopped: this node is shutting down";
+  // Reserved here for the batch and not committed yet: given back. Leases at the holder end on
+  // its clock (an ask now could wait its whole deadline).
+  if (s == RetrieveState::kPull || s == RetrieveState::kCommitLocal)
+    for (std::size_t i = 0; i < copies_.size(); ++i) engine_.abort(leased_[i]);
+  return RetrieveEvent::kStopped;
 }
 
 }  // namespace kvnode::node

@@ -20,6 +20,7 @@ enum class RetrieveEvent : std::uint8_t {
   kNoRoom,    // no page here for the batch's first chunk
   kMore,      // the batch was stored whole and the holder has more
   kRunEnds,   // the leading run ends here
+  kStopped,   // PeerMoves::stop(): the pages reserved here given back
 };
 const char* to_string(RetrieveEvent e);
 
@@ -30,7 +31,7 @@ RetrieveState next(RetrieveState s, RetrieveEvent e);
 class Retrieve {
  public:
   Retrieve(Engine& engine, transfer::PeerTransport& transport, const PeerMovesOptions& options,
-           const std::vector<ChunkHash>& wanted, const Locate& locate);
+           const StopSignal& stop, const std::vector<ChunkHash>& wanted, const Locate& locate);
   RetrieveResult run();
 
  private:
@@ -41,10 +42,12 @@ class Retrieve {
   RetrieveEvent pull();
   RetrieveEvent commit_local();
   RetrieveEvent unlease();
+  RetrieveEvent stopped(RetrieveState s);
 
   Engine& engine_;
   transfer::PeerTransport& transport_;
   const PeerMovesOptions& options_;
+  const StopSignal& stop_;
   const std::vector<ChunkHash>& wanted_;
   const Locate& locate_;
   RetrieveResult out_;

@@ -86,7 +86,9 @@ TEST(ChunkStore, FrozenTheReadableSetStaysWhatTheSnapshotSays) {
   EXPECT_EQ(pool.free_pages(), 3u) << "the refused write's page went back";
   EXPECT_FALSE(store.reserve(3));
   EXPECT_FALSE(store.remove(1));
-  EXPECT_EQ(store.clear(), 0u);
+  const Result<std::size_t> cleared = store.clear();
+  ASSERT_FALSE(cleared);
+  EXPECT_EQ(cleared.error().code, ErrorCode::kFrozen);
   EXPECT_TRUE(store.lease(1)) << "reads go on";
   EXPECT_EQ(store.snapshot(), snapshot);
   EXPECT_EQ(rec.events, (Events{{'A', 1}}));
@@ -144,11 +146,11 @@ TEST(ChunkStore, LeadingCountsFromTheFirstAndPinsUnderAnId) {
   EXPECT_EQ(store.leading(query, "pin-a"), 3u);
   EXPECT_EQ(store.counters().pinned, 3u);
   EXPECT_FALSE(store.remove(2)) << "pinned";
-  EXPECT_EQ(store.clear(), 1u) << "only chunk 5 is unpinned";
+  EXPECT_EQ(store.clear().value(), 1u) << "only chunk 5 is unpinned";
   store.unpin("pin-a");
   EXPECT_EQ(store.counters().pinned, 0u);
   EXPECT_TRUE(store.remove(2));
-  EXPECT_EQ(store.clear(), 2u);
+  EXPECT_EQ(store.clear().value(), 2u);
   EXPECT_EQ(pool.free_pages(), 8u);
 }
 
@@ -254,7 +256,7 @@ TEST(ChunkStore, ManyThreadsKeepTheBooksStraight) {
   EXPECT_EQ(static_cast<long>(c.chunks), admitted - evicted);
   EXPECT_EQ(c.chunks + pool.free_pages(), 64u) << "every page is either a chunk or free";
   EXPECT_EQ(store.snapshot().size(), c.chunks);
-  EXPECT_EQ(store.clear(), c.chunks);
+  EXPECT_EQ(store.clear().value(), c.chunks);
   EXPECT_EQ(pool.free_pages(), 64u);
 }
 

@@ -137,7 +137,8 @@ TEST(KvnodeProcess, RegistersServesHealthAndMetricsAndStopsCleanly) {
   for (const char* line : {"kvnode_chunks{location=\"LocalCPUBackend\"} 0",
                            "kvnode_chunks_capacity{location=\"LocalCPUBackend\"} 152",
                            "kvnode_controller_registered 1", "kvnode_chunk_bytes 65536",
-                           "kvnode_transfers_total{result=\"timeout\"} 0"})
+                           "kvnode_transfers_total{result=\"timeout\"} 0",
+                           "kvnode_peer_reservations 0", "kvnode_peer_leases 0"})
     EXPECT_NE(metrics->body.find(line), std::string::npos) << line << "\n" << metrics->body;
   node.signal(SIGTERM);
   for (auto until = Clock::now() + 10s; Clock::now() < until && node.running();)

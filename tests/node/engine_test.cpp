@@ -40,8 +40,9 @@ TEST(Engine, LookupPinClearHealthAndWhatItRefuses) {
   std::vector<std::byte> out(kSmallChunk);
   EXPECT_EQ(engine.get(h[2], out).value(), kSmallChunk);
   EXPECT_EQ(out, chunk_bytes(h[2], kSmallChunk));
-  EXPECT_FALSE(engine.get(12345, out));
-  EXPECT_FALSE(engine.put(99, std::vector<std::byte>(10))) << "not a whole chunk";
+  EXPECT_EQ(engine.get(12345, out).error().code, ErrorCode::kNotFound);
+  EXPECT_EQ(engine.put(99, std::vector<std::byte>(10)).error().code, ErrorCode::kInvalid)
+      << "not a whole chunk";
 
   const wire::Msg pinned = control(wire::PinWorkerMsg{"pin-1", kCpu, tokens(1000, 512)});
   EXPECT_EQ(std::get<wire::PinWorkerRetMsg>(pinned).num_tokens, 512);
@@ -69,6 +70,7 @@ TEST(Engine, LookupPinClearHealthAndWhatItRefuses) {
   const wire::Msg refused = control(wire::ClearWorkerMsg{"c", kCpu});
   ASSERT_TRUE(std::holds_alternative<wire::ErrorMsg>(refused))
       << "a clear would emit EVICTs the sync drops";
+  EXPECT_EQ(engine.clear().error().code, ErrorCode::kFrozen);
   EXPECT_EQ(engine.lookup_tokens(t), 512u);
   engine.freeze(false);
   EXPECT_TRUE(engine.put(7, chunk_bytes(7, kSmallChunk)));

@@ -171,7 +171,7 @@ FakeNode::FakeNode(FakeNetwork& network, std::string u, std::size_t pages, PeerM
               if (e.kind == StoreEvent::Kind::kAdmit) ++admits;
             }),
       engine(store, engine_options()),
-      service(engine, ttl),
+      service(engine, service_options(ttl)),
       transport(network.transport(url)),
       moves(engine, *transport, hooked(std::move(options))) {
   network.add(url, pool, [this](const std::string& peer, std::span<const std::byte> request) {
@@ -200,6 +200,15 @@ gpu::ChunkPool FakeNode::make_pool(std::size_t pages) {
   o.page_bytes = kPageBytes;
   o.pages = pages;
   return std::move(gpu::ChunkPool::create(o)).value();
+}
+
+PeerServiceOptions FakeNode::service_options(std::chrono::milliseconds ttl) {
+  PeerServiceOptions o;
+  o.ttl = ttl;
+  o.before_reserve = [this](ChunkHash h) {
+    if (before_reserve) before_reserve(h);
+  };
+  return o;
 }
 
 PeerMovesOptions FakeNode::hooked(PeerMovesOptions o) {

@@ -98,7 +98,8 @@ std::function<Fault(const Call&)> at(Kind kind, std::size_t n, Fault f,
 
 // A node as the daemon assembles it for peers, over a FakeNetwork: a host pool of `pages`
 // chunks of 4 KiB, its store (ADMITs counted), engine (4 tokens a chunk), peer service and moves.
-// The state hooks forward to on_move_state / on_retrieve_state, which a test may set any time.
+// The state hooks forward to on_move_state / on_retrieve_state, and the service's race hook to
+// before_reserve, which a test may set any time.
 struct FakeNode {
   static constexpr std::size_t kPageBytes = 4096;
   static constexpr std::size_t kTokensPerChunk = 4;
@@ -114,6 +115,7 @@ struct FakeNode {
   std::atomic<std::size_t> admits{0};
   ChunkStore store;
   Engine engine;
+  std::function<void(ChunkHash)> before_reserve{};
   PeerService service;
   std::unique_ptr<transfer::PeerTransport> transport;
   std::function<void(MoveState)> on_move_state{};
@@ -124,6 +126,7 @@ struct FakeNode {
   static gpu::ChunkPool make_pool(std::size_t pages);
   static EngineOptions engine_options();
   PeerMovesOptions hooked(PeerMovesOptions o);
+  PeerServiceOptions service_options(std::chrono::milliseconds ttl);
 };
 
 // A chunk's bytes, a function of its hash.

@@ -7,8 +7,10 @@
 // are given back, the result's counts are exact.
 #include <gtest/gtest.h>
 
+#include <future>
 #include <numeric>
 #include <thread>
+#include <utility>
 
 #include "fake_transport.hpp"
 
@@ -40,9 +42,10 @@ std::vector<std::int64_t> tokens(std::size_t chunks) {
 }
 
 struct Pair {
-  explicit Pair(std::size_t b_pages = 64)
-      : a(net, "127.0.0.1:1001", 64, quick(), kTtl),
-        b(net, "127.0.0.1:1002", b_pages, quick(), kTtl) {
+  explicit Pair(std::size_t b_pages = 64, std::chrono::milliseconds ttl = kTtl,
+                PeerMovesOptions a_options = quick())
+      : a(net, "127.0.0.1:1001", 64, std::move(a_options), ttl),
+        b(net, "127.0.0.1:1002", b_pages, quick(), ttl) {
     hashes = a.engine.hashes(t).value();
     for (ChunkHash h : hashes) EXPECT_TRUE(a.put(h));
   }
@@ -186,6 +189,59 @@ TEST(MoveProtocol, AnAnswerLostAtAnyCallCostsOnlyWhatWasNotConfirmed) {
   }
 }
 
+TEST(MoveProtocol, AReserveAnswerLostGivesItsPagesBackSoAMoveRetriedAtOnceSendsEverything) {
+  Pair p(64, 60s);  // the destination's clock ends nothing during this test
+  p.net.fault = fake::at(Kind::kAsk, 0, Fault{Fault::What::kAnswerLost, 0}, Op::kReserve);
+  const MoveResult lost = p.move();
+  EXPECT_EQ(lost.tokens_confirmed, 0u);
+  EXPECT_EQ(lost.chunks_failed, kChunks);
+  EXPECT_EQ(p.b.service.reservations(), 0u) << "released by a finish of none whole";
+  EXPECT_EQ(p.b.store.counters().reserved, 0u);
+  p.net.fault = nullptr;
+  const MoveResult again = p.move();
+  EXPECT_EQ(again.chunks_sent, kChunks) << again.error;
+  EXPECT_EQ(again.tokens_confirmed, kChunks * FakeNode::kTokensPerChunk);
+  expect_guarantees(p, again);
+}
+
+TEST(MoveProtocol, StopEndsAMoveWaitingForAFrozenDestinationAtOnceAndKeepsEveryChunk) {
+  PeerMovesOptions patient = quick();
+  patient.frozen_wait = 20s;  // as the node's default: without stop() the move waits it out
+  patient.frozen_poll = 10s;  // one long wait, which stop() must cut short
+  Pair p(64, kTtl, patient);
+  p.b.engine.freeze(true);
+  std::promise<void> waiting;
+  bool told = false;
+  p.a.on_move_state = [&](MoveState s) {
+    if (s == MoveState::kWaitThaw && !std::exchange(told, true)) waiting.set_value();
+  };
+  MoveResult r;
+  std::chrono::steady_clock::time_point ended;
+  std::thread mover([&] {
+    r = p.move();
+    ended = std::chrono::steady_clock::now();
+  });
+  EXPECT_EQ(waiting.get_future().wait_for(5s), std::future_status::ready);
+  std::this_thread::sleep_for(20ms);  // inside the wait
+  const auto stopped = std::chrono::steady_clock::now();
+  p.a.moves.stop();
+  mover.join();
+  EXPECT_LT(ended - stopped, 200ms) << "stop() wakes the wait for the thaw";
+  EXPECT_EQ(r.chunks_failed, kChunks);
+  EXPECT_EQ(r.chunks_sent + r.chunks_present, 0u);
+  EXPECT_EQ(r.tokens_confirmed, 0u);
+  EXPECT_FALSE(r.error.empty());
+  for (ChunkHash h : p.hashes) EXPECT_TRUE(p.a.intact(h)) << "every chunk still at A";
+  // A move after stop() tries nothing.
+  const std::size_t asks = p.net.calls(Kind::kAsk);
+  const MoveResult later = p.move();
+  EXPECT_EQ(p.net.calls(Kind::kAsk), asks);
+  EXPECT_EQ(later.tokens_confirmed, 0u);
+  EXPECT_FALSE(later.error.empty());
+  p.b.engine.freeze(false);
+  expect_guarantees(p, r);
+}
+
 TEST(MoveProtocol, APartialPushCommitsTheWholeChunksAndReleasesTheRest) {
   Pair p;
   p.net.fault = fake::at(Kind::kPush, 1, Fault{Fault::What::kPartial, 1});  // batch 2: 1 of 4
@@ -308,17 +364,23 @@ TEST(MoveProtocol, TwoMovesFromOneNodeNeverShareOrReleaseEachOthersPages) {
   Pair p;
   bool nested = false;
   MoveResult second;
+  std::size_t held_after = 0, reserved_after = 0, pushes_by_second = 0;
   p.a.on_move_state = [&](MoveState s) {
     if (s != MoveState::kPush || nested) return;
     nested = true;  // a second move of the same chunks while the first is about to push
-    p.net.fault = fake::at(Kind::kPush, 0, Fault{Fault::What::kPartial, 0});
+    const std::size_t pushes = p.net.calls(Kind::kPush);
     second = p.move();
-    p.net.fault = nullptr;
+    pushes_by_second = p.net.calls(Kind::kPush) - pushes;
+    held_after = p.b.service.reservations();
+    reserved_after = p.b.store.counters().reserved;
   };
   const MoveResult first = p.move();
   EXPECT_TRUE(nested);
   EXPECT_EQ(second.tokens_confirmed, 0u) << "the first move's chunks are busy there";
   EXPECT_EQ(second.chunks_failed, kChunks);
+  EXPECT_EQ(pushes_by_second, 0u) << "no page of the first move's is given to the second";
+  EXPECT_EQ(held_after, 4u) << "the first move's batch is still reserved for it";
+  EXPECT_EQ(reserved_after, 4u);
   EXPECT_EQ(first.chunks_sent, kChunks) << first.error;
   expect_guarantees(p, first);
 }

@@ -4,6 +4,8 @@
 // their clock; a request that does not decode changes nothing).
 #include <gtest/gtest.h>
 
+#include <map>
+#include <string>
 #include <thread>
 
 #include "fake_transport.hpp"
@@ -102,7 +104,7 @@ TEST(PeerService, AReservationIsThePeersAloneAndEndsOnItsClock) {
   EXPECT_EQ(finish("q", 11, true), FinishOutcome::kLost) << "another peer cannot commit it";
   EXPECT_EQ(finish("p", 11, false, 2), FinishOutcome::kReleased);
   EXPECT_EQ(b.store.counters().reserved, 1u) << "nor another move release it";
-  EXPECT_EQ(b.store.counters().reserved, 1u);
+  EXPECT_EQ(s.reservations(), 1u);
   ASSERT_TRUE(b.put(12));
   EXPECT_EQ(reserve("p", 12).outcome, ReserveOutcome::kHave);
   b.engine.freeze(true);
@@ -155,6 +157,77 @@ TEST(PeerService, ARequestThatDoesNotDecodeIsInvalidAndChangesNothing) {
       b.service.on_ask("p", encode(Request{HoldsRequest{{1}}}));
   ASSERT_TRUE(ok);
   EXPECT_EQ(std::get<HoldsAnswer>(decode_answer(*ok).value()).held, (std::vector<std::uint8_t>{0}));
+}
+
+TEST(PeerService, HoldsEndOnTheirClockWhenNoPeerAsksAgain) {
+  fake::FakeNetwork net;
+  fake::FakeNode b(net, "127.0.0.1:1002", 4, {}, 100ms);
+  ASSERT_TRUE(b.put(1));
+  const auto start = std::chrono::steady_clock::now();
+  const auto reserved = std::get<ReserveAnswer>(b.service.answer("p", ReserveRequest{1, {11}}));
+  ASSERT_EQ(reserved.chunks.at(0).outcome, ReserveOutcome::kPage);
+  ASSERT_EQ(std::get<LeaseAnswer>(b.service.answer("q", LeaseRequest{{1}})).pages.size(), 1u);
+  EXPECT_EQ(b.store.counters().reserved, 1u);
+  // Both peers vanish: no ask, no expire() call. The service's own sweeper ends their holds.
+  while (std::chrono::steady_clock::now() - start < 2s &&
+         (b.store.counters().reserved != 0 || b.service.leases() != 0))
+    std::this_thread::sleep_for(5ms);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 100ms) << "not before the ttl";
+  EXPECT_EQ(b.store.counters().reserved, 0u) << "the page went back";
+  EXPECT_EQ(b.service.reservations(), 0u);
+  EXPECT_EQ(b.service.leases(), 0u);
+  EXPECT_TRUE(b.store.remove(1)) << "no lease keeps it";
+}
+
+TEST(PeerService, ASweepCountsWhatItEndedPerPeer) {
+  fake::FakeNetwork net;
+  fake::FakeNode b(net, "127.0.0.1:1002", 8);
+  for (ChunkHash h : {1, 2}) ASSERT_TRUE(b.put(h));
+  auto now = std::chrono::steady_clock::now();
+  PeerServiceOptions o;
+  o.ttl = std::chrono::hours(1);  // its sweeper never runs here: time is the test's
+  o.now = [&] { return now; };
+  PeerService s(b.engine, o);
+  (void)s.answer("p", ReserveRequest{1, {11, 12, 13}});
+  (void)s.answer("q", ReserveRequest{1, {14, 15}});
+  (void)s.answer("p", LeaseRequest{{1, 2}});
+  EXPECT_TRUE(s.expire().reservations.empty()) << "not yet";
+  now += std::chrono::hours(2);
+  const PeerService::Expired e = s.expire();  // one log line per peer and kind
+  EXPECT_EQ(e.reservations, (std::map<std::string, std::size_t>{{"p", 3}, {"q", 2}}));
+  EXPECT_EQ(e.leases, (std::map<std::string, std::size_t>{{"p", 2}}));
+  EXPECT_EQ(b.store.counters().reserved, 0u);
+}
+
+TEST(PeerService, AChunkStoredHereDuringItsReserveIsThereNotBusy) {
+  fake::FakeNetwork net;
+  fake::FakeNode b(net, "127.0.0.1:1002", 4);
+  // A local client's put commits the chunk after the service saw it missing, before it reserves.
+  b.before_reserve = [&](ChunkHash h) {
+    if (h == 11) {
+      EXPECT_TRUE(b.put(11));
+    }
+  };
+  const auto a = std::get<ReserveAnswer>(b.service.answer("p", ReserveRequest{1, {11, 12}}));
+  EXPECT_EQ(a.chunks.at(0).outcome, ReserveOutcome::kHave) << "there: the source's run goes on";
+  EXPECT_EQ(a.chunks.at(1).outcome, ReserveOutcome::kPage);
+  // Still being written by another writer: busy.
+  ASSERT_TRUE(b.engine.reserve(13));
+  b.before_reserve = nullptr;
+  const auto busy = std::get<ReserveAnswer>(b.service.answer("p", ReserveRequest{1, {13}}));
+  EXPECT_EQ(busy.chunks.at(0).outcome, ReserveOutcome::kBusy);
+  b.engine.abort(13);
+}
+
+TEST(PeerService, BadRequestsAreLoggedOnceASecondWithTheirCount) {
+  using Clock = std::chrono::steady_clock;
+  LogThrottle t(1s);
+  const Clock::time_point t0 = Clock::now();
+  EXPECT_EQ(t.pass(t0), 1u) << "the first is logged";
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(t.pass(t0 + 10ms * i), 0u);
+  EXPECT_EQ(t.pass(t0 + 1s), 5u) << "a second later: one line for the 4 kept quiet and this one";
+  EXPECT_EQ(t.pass(t0 + 1500ms), 0u);
+  EXPECT_EQ(t.pass(t0 + 2100ms), 2u);
 }
 
 }  // namespace

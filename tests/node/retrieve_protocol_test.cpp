@@ -6,6 +6,8 @@
 // clock); the counts are exact.
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <optional>
 #include <thread>
 
 #include "fake_transport.hpp"
@@ -30,9 +32,9 @@ PeerMovesOptions quick() {
 }
 
 struct Pair {
-  explicit Pair(std::size_t b_pages = 64)
-      : a(net, "127.0.0.1:1001", 64, quick(), kTtl),
-        b(net, "127.0.0.1:1002", b_pages, quick(), kTtl) {
+  explicit Pair(std::size_t b_pages = 64, std::chrono::milliseconds ttl = kTtl)
+      : a(net, "127.0.0.1:1001", 64, quick(), ttl),
+        b(net, "127.0.0.1:1002", b_pages, quick(), ttl) {
     std::vector<std::int64_t> t(kChunks * FakeNode::kTokensPerChunk);
     for (std::size_t i = 0; i < t.size(); ++i) t[i] = static_cast<std::int64_t>(5000 + i);
     hashes = a.engine.hashes(t).value();
@@ -168,6 +170,57 @@ TEST(RetrieveProtocol, AnAnswerLostAtAnyCallCostsOnlyItsBatch) {
     EXPECT_EQ(r.chunks_pulled, pulled[i]) << r.error;
     expect_guarantees(p, r);
   }
+}
+
+TEST(RetrieveProtocol, ALeaseAnswerLostIsUnleasedAtOnce) {
+  Pair p(64, 60s);  // the holder's clock ends nothing during this test
+  p.net.fault = fake::at(Kind::kAsk, 0, Fault{Fault::What::kAnswerLost, 0}, Op::kLease);
+  const RetrieveResult r = p.retrieve();
+  EXPECT_EQ(r.chunks_pulled, 0u);
+  EXPECT_FALSE(r.error.empty());
+  EXPECT_EQ(p.a.service.leases(), 0u) << "unleased, not left to the holder's clock";
+  EXPECT_EQ(p.b.store.counters().reserved, 0u);
+}
+
+TEST(RetrieveProtocol, StopEndsARetrieveAndGivesBackThePagesItReservedHere) {
+  Pair p;
+  std::vector<RetrieveState> states;
+  p.b.on_retrieve_state = [&](RetrieveState s) {
+    states.push_back(s);
+    if (s == RetrieveState::kPull) p.b.moves.stop();  // the pages here are reserved by now
+  };
+  const RetrieveResult r = p.retrieve();
+  EXPECT_EQ(r.chunks_pulled, 0u);
+  EXPECT_FALSE(r.error.empty());
+  EXPECT_EQ(p.net.calls(Kind::kPull), 0u);
+  EXPECT_EQ(states.back(), RetrieveState::kFailed);
+  EXPECT_EQ(p.b.store.counters().reserved, 0u) << "aborted, not left reserved";
+  expect_guarantees(p, r);
+  // A retrieve after stop() asks nobody.
+  const int located = p.located;
+  EXPECT_FALSE(p.retrieve().error.empty());
+  EXPECT_EQ(p.located, located);
+}
+
+TEST(RetrieveProtocol, ALookupAnswerThatIsNoLookupAnswerHasACodeToBranchOn) {
+  using Answer = std::function<Result<wire::Msg>(const wire::Msg&)>;
+  auto code = [](Answer answer) {
+    const Result<std::pair<std::string, std::size_t>> r =
+        locate_through(std::move(answer), "inst", 0)({1, 2});
+    return r ? std::optional<ErrorCode>() : r.error().code;
+  };
+  EXPECT_EQ(
+      code([](const wire::Msg&) -> Result<wire::Msg> { return wire::Msg{wire::ErrorMsg{"no"}}; }),
+      ErrorCode::kRefused);
+  EXPECT_EQ(code([](const wire::Msg&) -> Result<wire::Msg> {
+              return wire::Msg{wire::BatchedP2PLookupRetMsg{}};
+            }),
+            ErrorCode::kInternal)
+      << "the controller always answers one layout";
+  EXPECT_EQ(code([](const wire::Msg&) -> Result<wire::Msg> {
+              return make_error(ErrorCode::kPeerLost, "the controller is gone");
+            }),
+            ErrorCode::kPeerLost);
 }
 
 TEST(RetrieveProtocol, APartialPullCommitsOnlyTheLeadingWholeChunks) {

@@ -117,8 +117,9 @@ class ChunkStore {
   bool remove(ChunkHash hash);
   enum class Removal { kDone, kWhenThawed, kRefused };  // refused: absent or pinned
   Removal remove_or_defer(ChunkHash hash);
-  // Removes every readable, unpinned chunk (EVICT each); returns how many (0 when frozen).
-  std::size_t clear();
+  // Removes every readable, unpinned chunk (EVICT each); returns how many. kFrozen while frozen
+  // (decided under the store's lock, so no sync starts between the check and the removals).
+  Result<std::size_t> clear();
   // Every readable chunk, oldest first (full sync).
   std::vector<ChunkHash> snapshot() const;
   void freeze(bool on);

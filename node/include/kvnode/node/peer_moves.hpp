@@ -16,9 +16,10 @@
 //   kReserve    Reserve{move, hashes} -> per chunk kPage | kHave | kNoRoom | kFrozen | kBusy
 //     --some kFrozen, before the batch's 20 s deadline--> kWaitThaw
 //     --answered--> kPush          (kFrozen past the deadline, kNoRoom, kBusy: failed)
-//     --peer lost / deadline--> kNextBatch (the batch failed)
-//   kWaitThaw   sleeps 100 ms (never past the deadline) --> kReserve (the same batch; the
-//               pages it holds come back the same)
+//     --peer lost / deadline--> kNextBatch (the batch failed; after a deadline, a Finish of
+//       none whole gives back what the lost answer reserved, so a retried move finds them free)
+//   kWaitThaw   sleeps 100 ms (never past the deadline; stop() wakes it) --> kReserve (the same
+//               batch; the pages it holds come back the same)
 //   kPush       push(kPage chunks) -> per chunk done or not
 //     --something pushed--> kFinish      --nothing to push--> kNextBatch
 //   kFinish     Finish{move, hash + whole} -> per chunk kStored | kFrozen | kLost | kReleased
@@ -36,7 +37,8 @@
 //   kLocate       every chunk local --> kDone; nobody holds more (or lookup failed) --> kFailed
 //                 else the controller names a holder and how many --> kLeaseRemote
 //   kLeaseRemote  Lease{hashes} -> pages of the leading chunks leased --> kReserveLocal
-//                 (peer lost, or it holds none: --> kDone; leases it took expire there)
+//                 (peer lost, or it holds none: --> kDone; after a deadline an Unlease gives back
+//                 what the lost answer leased, else leases expire there)
 //   kReserveLocal pages here, evicting only chunks older than the retrieve; stops at the first
 //                 refusal --> kPull, or --none--> kUnlease (the run ends)
 //   kPull         pull(the reserved) -> per chunk done or not --> kCommitLocal
@@ -50,13 +52,21 @@
 // by a full sync is waited for up to 20 s per batch, its refused commits pushed again; a
 // destination that ran out of room takes what fits; a confirmed chunk the destination evicted
 // before the end is not evicted at the source. Results count every leased chunk exactly once.
+//
+// Stop (PeerMoves::stop(), the node shutting down): each machine checks it as it enters a state
+// and, once set, goes to kFailed from any state: a move counts every chunk not yet confirmed as
+// failed and evicts nothing (its chunks stay here); a retrieve aborts the pages it reserved here.
+// What either holds at the peer ends on the peer's clock. Only a call in flight (an ask, a push
+// or pull, each with its deadline) is waited for.
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -132,6 +142,21 @@ struct PeerMovesOptions {
   std::function<void(RetrieveState)> on_retrieve_state{};
 };
 
+// Ends running moves and retrieves early: set once (stop()), checked at every state; a wait for a
+// destination's full sync to end is woken at once.
+class StopSignal {
+ public:
+  void stop();
+  bool stopped() const { return stopped_.load(); }
+  // Waits `d`, or less once stopped; whether it is stopped.
+  bool wait_for(std::chrono::steady_clock::duration d) const;
+
+ private:
+  std::atomic<bool> stopped_{false};
+  mutable std::mutex mutex_;
+  mutable std::condition_variable wake_;
+};
+
 // The facade the node's control handler and local service call. Thread-safe: each move and
 // retrieve runs its own machine on the caller's thread.
 class PeerMoves {
@@ -150,6 +175,9 @@ class PeerMoves {
   RetrieveResult retrieve(const std::vector<std::int64_t>& tokens, const Locate& locate);
   // The same by chunk hashes (tokens stays 0): the leading chunks of `hashes`.
   RetrieveResult retrieve_chunks(const std::vector<ChunkHash>& hashes, const Locate& locate);
+  // Ends every running move and retrieve at its next state and every later one at its first (the
+  // node is stopping): what was not confirmed stays where it was. Any thread; returns at once.
+  void stop() { stop_.stop(); }
 
   static constexpr std::size_t kBatch = 256;
 
@@ -158,6 +186,7 @@ class PeerMoves {
   transfer::PeerTransport& transport_;
   PeerMovesOptions options_;
   std::atomic<std::uint64_t> next_move_;  // ids of this node's moves, from a random start
+  StopSignal stop_;
 };
 
 }  // namespace kvnode::node
