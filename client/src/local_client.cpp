@@ -29,31 +29,50 @@ struct LocalClient::Impl {
   std::size_t slots = 0;  // chunks per shared-memory round trip
 
   // One request, one reply, within the timeout. A connection that failed (timed out, closed,
-  // answered garbage) is dropped: a late reply must never answer the next request. The next call
-  // connects again, and first asks the node for its geometry again: a node restarted since has
-  // a new staging region (same name, new memory) that must be mapped again.
+  // answered garbage) is dropped: a late reply must never answer the next request. A new
+  // connection first asks the node for its geometry again: a node restarted since has a new
+  // staging region (same name, new memory) that must be mapped again. A kept connection the node
+  // closed meanwhile (it restarted, or cut us) is replaced before use; and when the request
+  // cannot be sent on a kept connection (it closed just now), it was never delivered: it goes
+  // once more on a new connection, within the same deadline. Never once it went out: the node
+  // may have acted on it.
   Result<protocol::Reply> call(const protocol::Request& q) {
     const auto deadline = detail::Clock::now() + options.timeout;
-    if (!socket) {
-      Result<UniqueFd> fd = detail::connect_unix(path, deadline);
-      if (!fd) return fd.error();
-      socket = std::move(fd).value();
-      if (info.chunk_bytes != 0 && q.op != protocol::LocalOp::kInfo) {
-        protocol::Request again;
-        again.op = protocol::LocalOp::kInfo;
-        Result<protocol::Reply> r = checked(again, deadline);
-        if (!r) return r.error();
-        if (Status s = adopt(*r); !s) {
-          socket.reset();
-          return s.error();
-        }
+    if (socket && !detail::idle_and_open(socket.get())) socket.reset();
+    for (bool resent = false;; resent = true) {
+      const bool kept = socket.valid();
+      if (!kept) {
+        if (Status s = open(q.op, deadline); !s) return s.error();
       }
+      bool delivered = false;
+      Result<protocol::Reply> r = exchange(q, deadline, &delivered);
+      if (!r && kept && !delivered && !resent && r.error().code == ErrorCode::kPeerLost) {
+        socket.reset();
+        continue;
+      }
+      return settle(q, std::move(r));
     }
-    return checked(q, deadline);
   }
 
-  Result<protocol::Reply> checked(const protocol::Request& q, detail::Clock::time_point deadline) {
-    Result<protocol::Reply> r = exchange(q, deadline);
+  // A new connection, with the node's geometry adopted again unless `op` asks for it.
+  Status open(protocol::LocalOp op, detail::Clock::time_point deadline) {
+    Result<UniqueFd> fd = detail::connect_unix(path, deadline);
+    if (!fd) return fd.error();
+    socket = std::move(fd).value();
+    if (info.chunk_bytes == 0 || op == protocol::LocalOp::kInfo) return {};
+    protocol::Request again;
+    again.op = protocol::LocalOp::kInfo;
+    Result<protocol::Reply> r = settle(again, exchange(again, deadline, nullptr));
+    if (!r) return r.error();
+    if (Status s = adopt(*r); !s) {
+      socket.reset();
+      return s.error();
+    }
+    return {};
+  }
+
+  // An exchange's outcome as the caller sees it: a failed exchange drops the connection.
+  Result<protocol::Reply> settle(const protocol::Request& q, Result<protocol::Reply> r) {
     if (!r) {
       socket.reset();
       Error e =
@@ -97,9 +116,20 @@ struct LocalClient::Impl {
     return {};
   }
 
-  Result<protocol::Reply> exchange(const protocol::Request& q, detail::Clock::time_point deadline) {
-    if (Status sent = detail::send_frame(socket.get(), protocol::encode(q), deadline); !sent)
+  // `delivered` (when given): set once the whole request went out.
+  Result<protocol::Reply> exchange(const protocol::Request& q, detail::Clock::time_point deadline,
+                                   bool* delivered) {
+    if (Status sent = detail::send_frame(socket.get(), protocol::encode(q), deadline); !sent) {
+      if (sent.error().code != ErrorCode::kPeerLost) return sent.error();
+      // A node that refused this connection (over its cap) said why before closing it: an error
+      // frame already here. Anything else here answers no request of ours.
+      Result<std::vector<std::byte>> said =
+          detail::receive_frame(socket.get(), detail::Clock::now());
+      Result<protocol::Reply> r = said ? protocol::decode_reply(*said) : said.error();
+      if (r && !r->ok) return r;
       return sent.error();
+    }
+    if (delivered) *delivered = true;
     Result<std::vector<std::byte>> frame = detail::receive_frame(socket.get(), deadline);
     if (!frame) return frame.error();
     Result<protocol::Reply> r = protocol::decode_reply(*frame);

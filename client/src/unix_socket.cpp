@@ -134,6 +134,15 @@ Status send_frame(int fd, std::span<const std::byte> body, Clock::time_point dea
   return {};
 }
 
+bool idle_and_open(int fd) {
+  std::byte probe{};
+  for (;;) {
+    const ssize_t n = ::recv(fd, &probe, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+  }
+}
+
 Result<std::vector<std::byte>> receive_frame(int fd, Clock::time_point deadline) {
   protocol::FrameReader reader;
   for (;;) {

@@ -34,7 +34,7 @@ LocalHandlers::LocalHandlers(HandlerOptions options, Engine& engine, PeerMoves* 
       locate_(std::move(locate)),
       staging_(std::move(staging)) {}
 
-Reply LocalHandlers::serve(protocol::Request q) {
+Reply LocalHandlers::serve(ConnectionId from, protocol::Request q) {
   switch (q.op) {
     case LocalOp::kInfo:
       return info();
@@ -42,15 +42,13 @@ Reply LocalHandlers::serve(protocol::Request q) {
       if (!q.by_tokens) return fail(ErrorCode::kInvalid, "request.tokens: lookup takes tokens");
       return lookup({std::move(q.tokens)});
     case LocalOp::kCommit:
-      return commit({q.hold});
+      return commit({q.hold, from});
     case LocalOp::kAbort:
-      return abort({q.hold});
+      return abort({q.hold, from});
     case LocalOp::kRelease:
-      return release({q.hold});
-    case LocalOp::kRetrieve: {
-      Result<Chunks> chunks = retrieve_request(q);
-      return chunks ? retrieve(*chunks) : protocol::failure(chunks.error());
-    }
+      return release({q.hold, from});
+    case LocalOp::kRetrieve:  // seconds on the network: never on the socket thread
+      return fail(ErrorCode::kInternal, "retrieve is served by the retrieve executor only");
     default:
       break;
   }
@@ -67,9 +65,9 @@ Reply LocalHandlers::serve(protocol::Request q) {
     case LocalOp::kGet:
       return get(*chunks);
     case LocalOp::kReserve:
-      return reserve({std::move(chunks).value(), q.since});
+      return reserve({std::move(chunks).value(), q.since, from});
     case LocalOp::kLease:
-      return lease(*chunks);
+      return lease({std::move(chunks).value(), from});
     default:
       break;
   }
@@ -214,6 +212,7 @@ Reply LocalHandlers::reserve(const ReserveRequest& request) {
                                         " are free (send fewer chunks per request)");
   Hold h;
   h.kind = HoldKind::kReserve;
+  h.owner = request.owner;
   h.slots = std::move(*slots);
   h.since = r.since;
   std::size_t next = 0;
@@ -229,10 +228,10 @@ Reply LocalHandlers::reserve(const ReserveRequest& request) {
   return r;
 }
 
-Reply LocalHandlers::lease(const Chunks& chunks) {
+Reply LocalHandlers::lease(const LeaseRequest& request) {
   if (Status s = can_hold(); !s) return protocol::failure(s.error());
   gpu::ChunkPool& pool = engine_.pool();
-  const std::vector<Lease> leases = engine_.lease_leading(chunks.hashes);
+  const std::vector<Lease> leases = engine_.lease_leading(request.chunks.hashes);
   std::optional<std::vector<std::size_t>> slots = staging_->take(leases.size());
   if (!slots)
     return fail(ErrorCode::kNoRoom, "request: " + std::to_string(leases.size()) +
@@ -242,6 +241,7 @@ Reply LocalHandlers::lease(const Chunks& chunks) {
                                         " are free (send fewer chunks per request)");
   Hold h;
   h.kind = HoldKind::kLease;
+  h.owner = request.owner;
   h.slots = std::move(*slots);
   Reply r;
   for (std::size_t i = 0; i < leases.size(); ++i) {
@@ -255,9 +255,11 @@ Reply LocalHandlers::lease(const Chunks& chunks) {
 
 Result<Hold> LocalHandlers::take_hold(const HoldRequest& request, HoldKind kind, const char* op) {
   const Hold* found = staging_ ? staging_->find(request.hold) : nullptr;
-  if (!found)
+  // Another connection's hold is not this one's to end: answered as absent, so a client cannot
+  // learn (or probe for) the holds of others.
+  if (!found || found->owner != request.owner)
     return make_error(ErrorCode::kNotFound,
-                      "request.hold: no such hold (finished, or expired after " +
+                      "request.hold: no such hold on this connection (finished, or expired after " +
                           std::to_string(options_.hold_ttl.count()) + " ms)");
   if (found->kind != kind)
     return make_error(ErrorCode::kInvalid,
@@ -326,6 +328,13 @@ Reply LocalHandlers::retrieve(const Chunks& chunks) const {
 
 void LocalHandlers::expire_holds() {
   if (staging_) staging_->expire(Clock::now());
+}
+
+void LocalHandlers::drop_holds_of(ConnectionId connection) {
+  if (!staging_) return;
+  if (const std::size_t ended = staging_->drop_owner(connection); ended > 0)
+    spdlog::info("local client connection {} closed with {} holds unfinished; their slots return",
+                 connection, ended);
 }
 
 }  // namespace kvnode::node::local

@@ -4,8 +4,10 @@
 // staging region kNoRoom...), which the client hands back to the engine.
 //
 // Every handler but retrieve runs on the socket thread (memory copies; they share the staging
-// region and holds). retrieve() crosses the network and runs on the service's executor: it
-// touches only the engine and PeerMoves, which are thread-safe.
+// region and holds). retrieve() crosses the network and runs on the service's executor only
+// (serve() refuses it): it touches only the engine and PeerMoves, which are thread-safe. A hold
+// belongs to the connection that made it: another connection's commit or release finds no such
+// hold, and a closed connection's holds end at once (drop_holds_of).
 #pragma once
 
 #include <chrono>
@@ -47,10 +49,17 @@ struct PutRequest {
 struct ReserveRequest {
   Chunks chunks{};
   std::uint64_t since = 0;
+  ConnectionId owner = 0;  // the connection asking: the hold's owner
+};
+
+struct LeaseRequest {
+  Chunks chunks{};
+  ConnectionId owner = 0;
 };
 
 struct HoldRequest {
   std::uint64_t hold = 0;
+  ConnectionId owner = 0;  // only the hold's owner ends it
 };
 
 struct LookupRequest {
@@ -63,8 +72,9 @@ class LocalHandlers {
   LocalHandlers(HandlerOptions options, Engine& engine, PeerMoves* moves, Locate locate,
                 std::unique_ptr<Staging> staging);
 
-  // Every op; retrieve too (inline: the service sends it to its executor instead).
-  protocol::Reply serve(protocol::Request request);
+  // Every op but retrieve (kInternal: it goes through retrieve_request() and the executor),
+  // asked on connection `from`.
+  protocol::Reply serve(ConnectionId from, protocol::Request request);
   // Retrieve's checked request, on the socket thread; then retrieve() on the executor.
   Result<Chunks> retrieve_request(const protocol::Request& request) const;
 
@@ -75,7 +85,7 @@ class LocalHandlers {
   protocol::Reply put(const PutRequest& request);
   protocol::Reply get(const Chunks& chunks);
   protocol::Reply reserve(const ReserveRequest& request);
-  protocol::Reply lease(const Chunks& chunks);
+  protocol::Reply lease(const LeaseRequest& request);
   protocol::Reply commit(const HoldRequest& request);
   protocol::Reply abort(const HoldRequest& request);
   protocol::Reply release(const HoldRequest& request);
@@ -83,6 +93,8 @@ class LocalHandlers {
 
   // Holds past hold_ttl end (their client died): slots back, writes dropped.
   void expire_holds();
+  // The holds of a connection that closed end now: slots back, writes dropped.
+  void drop_holds_of(ConnectionId connection);
 
  private:
   // `bounded`: refused when there are more chunks than the pool has pages.

@@ -1,11 +1,13 @@
 // The local service's lifecycle: the staging region, the handlers, the retrieve executor and the
-// socket server, assembled in that order and stopped in the reverse (the executor first, so a
-// running retrieve still finds the server to answer through).
+// socket server, assembled in that order. Stopping: the socket thread first (no request reaches
+// the executor after it, and a reply posted then only queues), then the executor (a running
+// retrieve ends, still finding the server and the handlers), then the server, then the holds.
 #include "kvnode/node/local_service.hpp"
 
 #include <spdlog/spdlog.h>
 
 #include <atomic>
+#include <exception>
 
 #include "kvnode/client/local_protocol.hpp"
 #include "local_executor.hpp"
@@ -21,11 +23,12 @@ struct LocalService::Impl {
   std::unique_ptr<local::LocalHandlers> handlers;
   std::unique_ptr<local::LocalSocketServer> server;
   std::unique_ptr<local::SerialExecutor> executor;
-  std::atomic<std::uint64_t> requests{0}, errors{0};
+  std::atomic<std::uint64_t> requests{0}, errors{0}, retrieves_skipped{0};
 
   ~Impl() {
-    executor.reset();  // a running retrieve ends and posts its reply; queued ones are dropped
-    server.reset();    // the socket thread stops; connections close; the socket file goes
+    if (server) server->stop();  // the socket thread ends: nothing submits or serves any more
+    executor.reset();            // a running retrieve ends (its reply only queues); queued dropped
+    server.reset();              // stopped already: its descriptors go
     handlers.reset();  // every hold ends (uncommitted writes dropped), the staging region goes
   }
 
@@ -41,24 +44,45 @@ struct LocalService::Impl {
     Result<protocol::Request> decoded = protocol::decode_request(bytes);
     if (!decoded) return answer(protocol::failure(decoded.error()));
     if (decoded->op != protocol::LocalOp::kRetrieve)
-      return answer(handlers->serve(std::move(decoded).value()));
+      return answer(handlers->serve(connection, std::move(decoded).value()));
     Result<local::Chunks> chunks = handlers->retrieve_request(*decoded);
     if (!chunks) return answer(protocol::failure(chunks.error()));
-    const bool queued = executor->submit([this, connection, c = std::move(chunks).value()] {
-      protocol::Reply reply;
-      try {
-        reply = handlers->retrieve(c);
-      } catch (const std::exception& e) {
-        reply = protocol::failure(make_error(ErrorCode::kInternal, e.what()));
-      }
-      server->post(connection, answer(reply));
-    });
+    const bool queued = executor->submit(
+        [this, connection, c = std::move(chunks).value()] { run_retrieve(connection, c); });
     if (!queued)
       return answer(protocol::failure(
           make_error(ErrorCode::kNoRoom, "too many retrieves queued (" +
                                              std::to_string(options.max_queued_retrieves) +
                                              "); ask again shortly")));
     return std::nullopt;
+  }
+
+  // On the executor. A retrieve whose client left (timed out, closed) is not run: nobody would
+  // read its answer, and the ones queued behind it would wait for nothing. No exception leaves
+  // (it would end the process): a failed retrieve is an error answer; an answer that cannot be
+  // made (out of memory) cuts its connection, so the client is not left waiting.
+  void run_retrieve(local::ConnectionId connection, const local::Chunks& chunks) {
+    if (!server->is_waiting(connection)) {
+      ++retrieves_skipped;
+      return;
+    }
+    try {
+      protocol::Reply reply;
+      try {
+        reply = handlers->retrieve(chunks);
+      } catch (const std::exception& e) {
+        reply = protocol::failure(make_error(ErrorCode::kInternal, e.what()));
+      } catch (...) {
+        reply = protocol::failure(make_error(ErrorCode::kInternal, "retrieve: unknown exception"));
+      }
+      server->post(connection, answer(reply));
+    } catch (...) {
+      try {
+        server->cut(connection);
+      } catch (...) {  // no memory even for that: the stall cut or the client's timeout ends it
+        spdlog::error("local socket: a retrieve's answer was lost (out of memory)");
+      }
+    }
   }
 };
 
@@ -98,6 +122,7 @@ Result<std::unique_ptr<LocalService>> LocalService::start(const LocalServiceOpti
     return raw->on_request(c, std::move(bytes));
   };
   h.on_tick = [raw] { raw->handlers->expire_holds(); };
+  h.on_close = [raw](local::ConnectionId c) { raw->handlers->drop_holds_of(c); };
   if (Status s = impl->server->serve(std::move(h)); !s) return s.error();
   return std::unique_ptr<LocalService>(new LocalService(std::move(impl)));
 }
@@ -115,6 +140,12 @@ std::uint64_t LocalService::errors() const {
 }
 std::uint64_t LocalService::connections() const {
   return impl_->server->counters().open;
+}
+std::uint64_t LocalService::dropped_replies() const {
+  return impl_->server->counters().dropped;
+}
+std::uint64_t LocalService::retrieves_skipped() const {
+  return impl_->retrieves_skipped;
 }
 
 }  // namespace kvnode::node

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "kvnode/client/local_framing.hpp"
 #include "kvnode/client/local_protocol.hpp"
@@ -37,15 +38,34 @@ struct Connection {
   FrameReader reader{};
   std::array<std::byte, client::protocol::kFrameHeaderBytes> header{};
   std::vector<std::byte> reply{};
-  std::size_t sent = 0;        // of header and reply
-  bool writing = false;        // a reply is being written
-  bool waiting = false;        // the service holds its request (a deferred reply)
-  std::uint32_t events = 0;    // registered with epoll now
-  Clock::time_point progress;  // the last byte in or out
+  std::size_t sent = 0;          // of header and reply
+  bool writing = false;          // a reply is being written
+  bool waiting = false;          // the service holds its request (a deferred reply)
+  std::uint32_t events = 0;      // registered with epoll now
+  Clock::time_point progress{};  // the last byte in or out
+  Clock::time_point reply_by{};  // writing: the whole reply must be read by then
+};
+
+// A deferred reply, or (none) a connection to cut.
+struct Posted {
+  ConnectionId id = 0;
+  std::optional<std::vector<std::byte>> reply{};
 };
 
 Error os_error(ErrorCode code, const std::string& what) {
   return make_error(code, what + ": " + std::strerror(errno));
+}
+
+// What a connection over the cap is told before it is closed: one whole reply frame.
+std::vector<std::byte> refusal_frame(std::size_t max_connections) {
+  const std::vector<std::byte> body = client::protocol::encode(client::protocol::failure(
+      make_error(ErrorCode::kRefused, "over max_connections " + std::to_string(max_connections))));
+  const auto header = client::protocol::frame_header(static_cast<std::uint32_t>(body.size()));
+  // Sized once and copied into (GCC 12 warns, wrongly, on a vector insert after the header).
+  std::vector<std::byte> frame(header.size() + body.size());
+  std::memcpy(frame.data(), header.data(), header.size());
+  std::memcpy(frame.data() + header.size(), body.data(), body.size());
+  return frame;
 }
 
 }  // namespace
@@ -62,53 +82,90 @@ struct LocalSocketServer::Impl {
   ConnectionId next_id = 1;
   bool accept_paused = false;  // out of descriptors: resumed at the next tick
   std::uint64_t refusals_logged = 0;
+  const std::vector<std::byte> refusal;
   std::mutex posted_mutex;
-  std::vector<std::pair<ConnectionId, std::vector<std::byte>>> posted;
-  std::atomic<bool> stop{false};
-  std::atomic<std::uint64_t> accepted{0}, refused{0}, cut{0}, open{0};
+  std::vector<Posted> posted;
+  mutable std::mutex waiting_mutex;  // the executor asks is_waiting() from its thread
+  std::unordered_set<ConnectionId> waiting_ids;
+  std::atomic<bool> stopping{false};
+  std::atomic<std::uint64_t> accepted{0}, refused{0}, cut{0}, open{0}, dropped{0};
   std::thread thread;
 
   Impl(SocketServerOptions o, UniqueFd l, UniqueFd e, EventFd w)
-      : options(std::move(o)), listener(std::move(l)), epoll(std::move(e)), wake(std::move(w)) {}
+      : options(std::move(o)),
+        listener(std::move(l)),
+        epoll(std::move(e)),
+        wake(std::move(w)),
+        refusal(refusal_frame(options.max_connections)) {}
 
-  ~Impl() {
-    stop = true;
+  ~Impl() { stop(); }
+
+  void stop() {
+    stopping = true;
     wake.signal();
     if (thread.joinable()) thread.join();
-    connections.clear();
+    connections.clear();  // no on_close: the service drops every hold as it stops
+    open = 0;
+    {
+      std::lock_guard lock(waiting_mutex);
+      waiting_ids.clear();
+    }
     listener.reset();
     // Remove the socket file unless a newer node bound the path since.
     struct stat now {};
     if (inode != 0 && ::stat(options.path.c_str(), &now) == 0 && now.st_ino == inode &&
         now.st_dev == device)
       ::unlink(options.path.c_str());
+    inode = 0;
   }
 
-  void watch(std::uint64_t tag, int fd, std::uint32_t events, int op) {
+  bool watch(std::uint64_t tag, int fd, std::uint32_t events, int op) {
     epoll_event ev{};
     ev.events = events;
     ev.data.u64 = tag;
-    if (::epoll_ctl(epoll.get(), op, fd, &ev) != 0)
-      spdlog::warn("local socket: epoll_ctl: {}", std::strerror(errno));
+    if (::epoll_ctl(epoll.get(), op, fd, &ev) == 0) return true;
+    spdlog::warn("local socket: epoll_ctl: {}", std::strerror(errno));
+    return false;
+  }
+
+  void set_waiting(ConnectionId id, Connection& c, bool waiting) {
+    if (c.waiting == waiting) return;
+    c.waiting = waiting;
+    std::lock_guard lock(waiting_mutex);
+    if (waiting) {
+      waiting_ids.insert(id);
+    } else {
+      waiting_ids.erase(id);
+    }
   }
 
   // Reading when idle, writing while a reply is out, nothing while the service holds a request
-  // (epoll still reports a hang-up then: the connection closes, its reply is dropped).
+  // (epoll still reports a hang-up then: the connection closes, its reply is dropped). A
+  // connection epoll cannot watch any more would never be served nor cut: it is closed.
   void update_events(ConnectionId id, Connection& c) {
     const std::uint32_t wanted = c.writing ? EPOLLOUT : c.waiting ? 0u : EPOLLIN;
     if (wanted == c.events) return;
     c.events = wanted;
-    watch(id, c.fd.get(), wanted, EPOLL_CTL_MOD);
+    if (!watch(id, c.fd.get(), wanted, EPOLL_CTL_MOD)) close(id);
   }
 
+  // Every connection ends here (closing the descriptor leaves the epoll set).
   void close(ConnectionId id) {
-    if (connections.erase(id) > 0) --open;  // closing the descriptor leaves the epoll set
+    auto it = connections.find(id);
+    if (it == connections.end()) return;
+    if (it->second.waiting) {
+      std::lock_guard lock(waiting_mutex);
+      waiting_ids.erase(id);
+    }
+    connections.erase(it);
+    --open;
+    if (handlers.on_close) handlers.on_close(id);
   }
 
   void run() {
     auto next_tick = Clock::now() + options.tick;
     std::array<epoll_event, 64> events{};
-    while (!stop) {
+    while (!stopping) {
       const auto left = std::chrono::ceil<std::chrono::milliseconds>(next_tick - Clock::now());
       const int n = ::epoll_wait(epoll.get(), events.data(), static_cast<int>(events.size()),
                                  static_cast<int>(std::max<std::int64_t>(0, left.count())));
@@ -137,18 +194,21 @@ struct LocalSocketServer::Impl {
 
   void on_tick(Clock::time_point now) {
     if (handlers.on_tick) handlers.on_tick();
-    for (auto it = connections.begin(); it != connections.end();) {
-      Connection& c = it->second;
-      if ((c.reader.mid_frame() || c.writing) && now - c.progress > options.stall_timeout) {
-        spdlog::warn("local socket: a client stalled {} for over {} ms; cut",
-                     c.writing ? "reading its reply" : "mid-request",
-                     options.stall_timeout.count());
-        ++cut;
-        --open;
-        it = connections.erase(it);
-        continue;
-      }
-      ++it;
+    std::vector<ConnectionId> stalled;
+    for (const auto& [id, c] : connections) {
+      const char* why = nullptr;
+      if ((c.reader.mid_frame() || c.writing) && now - c.progress > options.stall_timeout)
+        why = c.writing ? "stalled reading its reply" : "stalled mid-request";
+      else if (c.writing && now > c.reply_by)
+        why = "had not read its whole reply";
+      if (!why) continue;
+      spdlog::warn("local socket: a client {} for over {} ms; cut", why,
+                   options.stall_timeout.count());
+      stalled.push_back(id);
+    }
+    for (ConnectionId id : stalled) {
+      ++cut;
+      close(id);
     }
     if (accept_paused) {
       accept_paused = false;
@@ -177,15 +237,19 @@ struct LocalSocketServer::Impl {
         return;
       }
       if (connections.size() >= options.max_connections) {
-        ++refused;  // closed at once: the client's first call fails with the peer lost
+        // Told why, then closed: the client's call fails with kRefused. A new socket's buffer is
+        // empty, so the frame fits; if it does not, the client sees the connection closed.
+        ++refused;
+        [[maybe_unused]] const ssize_t told =
+            ::send(fd.get(), refusal.data(), refusal.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
         continue;
       }
       const ConnectionId id = next_id++;
+      if (!watch(id, fd.get(), EPOLLIN, EPOLL_CTL_ADD)) continue;  // never served: closed now
       Connection& c = connections[id];
       c.fd = std::move(fd);
       c.events = EPOLLIN;
       c.progress = Clock::now();
-      watch(id, c.fd.get(), EPOLLIN, EPOLL_CTL_ADD);
       ++accepted;
       ++open;
     }
@@ -234,17 +298,20 @@ struct LocalSocketServer::Impl {
   }
 
   void handle(ConnectionId id, Connection& c, std::vector<std::byte> request) {
+    // Waiting from before the service sees the request: a job it hands its executor may ask
+    // is_waiting() before on_request returns.
+    set_waiting(id, c, true);
     std::optional<std::vector<std::byte>> reply;
     try {
       reply = handlers.on_request(id, std::move(request));
     } catch (const std::exception& e) {  // bad_alloc on a large reply: this client only
       spdlog::error("local socket: a request failed: {}; closing its connection", e.what());
       return close(id);
+    } catch (...) {
+      spdlog::error("local socket: a request failed (an unknown exception); closing it");
+      return close(id);
     }
-    if (!reply) {
-      c.waiting = true;
-      return update_events(id, c);
-    }
+    if (!reply) return update_events(id, c);
     start_reply(id, c, std::move(*reply));
   }
 
@@ -257,8 +324,9 @@ struct LocalSocketServer::Impl {
     c.reply = std::move(reply);
     c.sent = 0;
     c.writing = true;
-    c.waiting = false;
+    set_waiting(id, c, false);
     c.progress = Clock::now();
+    c.reply_by = c.progress + options.stall_timeout;
     write_some(id, c);
   }
 
@@ -290,15 +358,23 @@ struct LocalSocketServer::Impl {
   }
 
   void deliver_posted() {
-    std::vector<std::pair<ConnectionId, std::vector<std::byte>>> ready;
+    std::vector<Posted> ready;
     {
       std::lock_guard lock(posted_mutex);
       ready.swap(posted);
     }
-    for (auto& [id, reply] : ready) {
-      auto it = connections.find(id);
-      if (it == connections.end() || !it->second.waiting) continue;  // closed meanwhile: dropped
-      start_reply(id, it->second, std::move(reply));
+    for (Posted& p : ready) {
+      auto it = connections.find(p.id);
+      if (it == connections.end() || !it->second.waiting) {
+        ++dropped;  // its client left meanwhile
+        continue;
+      }
+      if (!p.reply) {
+        ++cut;
+        close(p.id);
+        continue;
+      }
+      start_reply(p.id, it->second, std::move(*p.reply));
     }
   }
 };
@@ -344,8 +420,9 @@ Result<std::unique_ptr<LocalSocketServer>> LocalSocketServer::listen(
       std::make_unique<Impl>(options, std::move(fd), std::move(epoll), std::move(wake).value());
   impl->inode = st.st_ino;
   impl->device = st.st_dev;
-  impl->watch(kListenerTag, impl->listener.get(), EPOLLIN, EPOLL_CTL_ADD);
-  impl->watch(kWakeTag, impl->wake.fd(), EPOLLIN, EPOLL_CTL_ADD);
+  if (!impl->watch(kListenerTag, impl->listener.get(), EPOLLIN, EPOLL_CTL_ADD) ||
+      !impl->watch(kWakeTag, impl->wake.fd(), EPOLLIN, EPOLL_CTL_ADD))
+    return make_error(ErrorCode::kIo, "local socket: epoll_ctl failed (logged)");  // ~Impl unlinks
   return std::unique_ptr<LocalSocketServer>(new LocalSocketServer(std::move(impl)));
 }
 
@@ -360,16 +437,33 @@ Status LocalSocketServer::serve(SocketServerHandlers handlers) {
 LocalSocketServer::LocalSocketServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 LocalSocketServer::~LocalSocketServer() = default;
 
+void LocalSocketServer::stop() {
+  impl_->stop();
+}
+
 void LocalSocketServer::post(ConnectionId connection, std::vector<std::byte> reply) {
   {
     std::lock_guard lock(impl_->posted_mutex);
-    impl_->posted.emplace_back(connection, std::move(reply));
+    impl_->posted.push_back({connection, std::move(reply)});
   }
   impl_->wake.signal();
 }
 
+void LocalSocketServer::cut(ConnectionId connection) {
+  {
+    std::lock_guard lock(impl_->posted_mutex);
+    impl_->posted.push_back({connection, std::nullopt});
+  }
+  impl_->wake.signal();
+}
+
+bool LocalSocketServer::is_waiting(ConnectionId connection) const {
+  std::lock_guard lock(impl_->waiting_mutex);
+  return impl_->waiting_ids.count(connection) > 0;
+}
+
 SocketServerCounters LocalSocketServer::counters() const {
-  return {impl_->accepted, impl_->refused, impl_->cut, impl_->open};
+  return {impl_->accepted, impl_->refused, impl_->cut, impl_->open, impl_->dropped};
 }
 
 }  // namespace kvnode::node::local

@@ -2,12 +2,17 @@
 // that accepts connections, reads whole frames (local_framing.hpp), hands each request to the
 // service, and writes the replies. What it guards against, so one client cannot cost the others:
 // a declared length over kMaxMessageBytes closes that connection at once (nothing allocated); a
-// connection stalled mid-frame, or not reading its reply, is cut after stall_timeout; beyond
-// max_connections a new connection is closed at once; out of descriptors, accepting pauses for a
-// tick. One request per connection at a time: the next is read once the reply is written.
+// connection stalled mid-frame, or not reading its reply, is cut after stall_timeout, and so is
+// one that has not read its whole reply within stall_timeout of its start (a reader trickling a
+// byte now and then cannot hold a 256 MiB reply forever); beyond max_connections a new
+// connection is answered one refusal frame (code "refused") and closed; out of descriptors,
+// accepting pauses for a tick. One request per connection at a time: the next is read once the
+// reply is written.
 //
 // A reply comes back from on_request at once, or later through post() from any thread (a
-// retrieve on its executor); a reply for a connection that closed meanwhile is dropped.
+// retrieve on its executor); a reply for a connection that closed meanwhile is dropped (and
+// counted). is_waiting() tells that executor whether anyone still waits before it runs a job.
+// on_close tells the service a connection is gone (its holds end).
 #pragma once
 
 #include <chrono>
@@ -36,7 +41,8 @@ struct SocketServerHandlers {
   // A whole request; its reply now, or nullopt when it comes later through post().
   std::function<std::optional<std::vector<std::byte>>(ConnectionId, std::vector<std::byte>)>
       on_request{};
-  std::function<void()> on_tick{};  // on the socket thread, every tick
+  std::function<void()> on_tick{};               // on the socket thread, every tick
+  std::function<void(ConnectionId)> on_close{};  // on the socket thread, once per connection
 };
 
 struct SocketServerCounters {
@@ -44,6 +50,7 @@ struct SocketServerCounters {
   std::uint64_t refused = 0;  // over max_connections
   std::uint64_t cut = 0;      // oversized frame or stalled
   std::uint64_t open = 0;
+  std::uint64_t dropped = 0;  // replies posted for connections that had closed
 };
 
 class LocalSocketServer {
@@ -53,14 +60,20 @@ class LocalSocketServer {
   static Result<std::unique_ptr<LocalSocketServer>> listen(const SocketServerOptions& options);
   // Starts the socket thread. Call once.
   Status serve(SocketServerHandlers handlers);
-  // Stops the thread, closes every connection and removes the socket file unless another
-  // process bound the path since.
-  ~LocalSocketServer();
+  // Joins the socket thread (no handler runs after it returns), closes every connection and the
+  // listener, and removes the socket file unless another process bound the path since. Once
+  // stopped, post() and cut() only queue. Idempotent; not from two threads at once.
+  void stop();
+  ~LocalSocketServer();  // stop()
   LocalSocketServer(const LocalSocketServer&) = delete;
   LocalSocketServer& operator=(const LocalSocketServer&) = delete;
 
   // The reply to a request on_request deferred. Any thread.
   void post(ConnectionId connection, std::vector<std::byte> reply);
+  // Closes a connection whose deferred reply cannot be made (out of memory). Any thread.
+  void cut(ConnectionId connection);
+  // Whether `connection` is open and waits for a deferred reply. Any thread.
+  bool is_waiting(ConnectionId connection) const;
   SocketServerCounters counters() const;
 
   struct Impl;

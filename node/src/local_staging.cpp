@@ -68,4 +68,18 @@ std::size_t Staging::expire(Clock::time_point now) {
   return ended;
 }
 
+std::size_t Staging::drop_owner(ConnectionId owner) {
+  std::size_t ended = 0;
+  for (auto it = holds_.begin(); it != holds_.end();) {
+    if (it->second.owner != owner) {
+      ++it;
+      continue;
+    }
+    give_back(it->second);
+    it = holds_.erase(it);
+    ++ended;
+  }
+  return ended;
+}
+
 }  // namespace kvnode::node::local

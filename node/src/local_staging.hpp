@@ -1,7 +1,8 @@
 // The local service's staging region and the holds on it. The region is POSIX shared memory of
 // `slots` chunks that clients map; a hold is a client's unfinished reserve (slots it writes, each
-// for a chunk) or lease (slots the node filled for it to read). Slots return to the free list
-// when their hold ends, committed or not, or expires (the client died). Socket thread only.
+// for a chunk) or lease (slots the node filled for it to read). A hold belongs to the connection
+// that made it: only that one ends it, and its holds end when it closes. Slots return to the free
+// list when their hold ends, committed or not, or expires. Socket thread only.
 #pragma once
 
 #include <chrono>
@@ -21,11 +22,13 @@
 namespace kvnode::node::local {
 
 using Clock = std::chrono::steady_clock;
+using ConnectionId = std::uint64_t;  // a local socket connection (as local_socket_server.hpp)
 
 enum class HoldKind : std::uint8_t { kReserve, kLease };
 
 struct Hold {
   HoldKind kind = HoldKind::kLease;
+  ConnectionId owner = 0;                                   // the connection that made it
   std::vector<std::pair<ChunkHash, std::size_t>> writes{};  // reserve: (chunk, slot), in order
   std::vector<std::size_t> slots{};                         // every slot held
   std::uint64_t since = ChunkStore::kAnyAge;  // reserve: the put's tick (evict older only)
@@ -54,6 +57,8 @@ class Staging {
   void give_back(Hold& hold);
   // Ends every hold past its expiry: slots back, writes dropped. Returns how many ended.
   std::size_t expire(Clock::time_point now);
+  // Ends every hold of `owner` (its connection closed): slots back, writes dropped.
+  std::size_t drop_owner(ConnectionId owner);
 
  private:
   Staging(gpu::MemoryRegion region, std::size_t slots, std::size_t chunk_bytes);

@@ -120,6 +120,7 @@ class FakeNode {
     ::unlink(path_.c_str());
   }
   int connections() const { return connections_; }
+  int closed() const { return closed_; }  // connections the fake node has closed
 
  private:
   void run() {
@@ -128,8 +129,11 @@ class FakeNode {
       if (::poll(&p, 1, 50) <= 0) continue;
       const int c = ::accept(fd_, nullptr, nullptr);
       if (c < 0) continue;
-      FakeConnection connection(c);
-      script_(connection, connections_++);
+      {
+        FakeConnection connection(c);
+        script_(connection, connections_++);
+      }
+      ++closed_;
     }
   }
   std::string path_;
@@ -137,6 +141,7 @@ class FakeNode {
   int fd_ = -1;
   std::atomic<bool> stop_{false};
   std::atomic<int> connections_{0};
+  std::atomic<int> closed_{0};
   std::thread thread_;
 };
 
@@ -237,6 +242,38 @@ TEST(LocalClientFaults, ANodeThatClosesIsPeerLostAndTheNextCallConnectsAgain) {
   Result<std::vector<bool>> again = (*client)->contains(ChunkKeys::of_hashes({3}));
   ASSERT_TRUE(again) << again.error().message;
   EXPECT_EQ(*again, std::vector<bool>{true});
+}
+
+// A node that closed the connection while it was idle (restarted, or cut it): the next call
+// notices before sending, connects again and succeeds, first time.
+TEST(LocalClientFaults, AConnectionTheNodeClosedWhileIdleIsReplacedBeforeTheCall) {
+  FakeNode node(temp_path("idle-closed"), [](FakeConnection& c, int n) {
+    ASSERT_TRUE(c.serve_info());
+    if (n == 0) return;  // closes, idle
+    answer_contains(c);
+    c.wait_closed();
+  });
+  auto client = LocalClient::connect(temp_path("idle-closed"), quick());
+  ASSERT_TRUE(client) << client.error().message;
+  const auto until = Clock::now() + 5s;
+  while (node.closed() < 1 && Clock::now() < until) std::this_thread::sleep_for(5ms);
+  ASSERT_EQ(node.closed(), 1);
+  Result<std::vector<bool>> r = (*client)->contains(ChunkKeys::of_hashes({8}));
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(*r, std::vector<bool>{true});
+  EXPECT_EQ(node.connections(), 2);
+}
+
+// A node over its connection cap answers one refusal frame and closes: the client says
+// kRefused with the node's words, not a lost peer.
+TEST(LocalClientFaults, ARefusalBeforeCloseIsKRefused) {
+  FakeNode node(temp_path("refuses"), [](FakeConnection& c, int) {
+    c.reply(protocol::failure(make_error(ErrorCode::kRefused, "over max_connections 1")));
+  });
+  auto client = LocalClient::connect(temp_path("refuses"), quick());
+  ASSERT_FALSE(client);
+  EXPECT_EQ(client.error().code, ErrorCode::kRefused) << client.error().message;
+  EXPECT_NE(client.error().message.find("over max_connections 1"), std::string::npos);
 }
 
 TEST(LocalClientFaults, GarbageOrAnOversizedAnswerIsAnErrorAndDropsTheConnection) {

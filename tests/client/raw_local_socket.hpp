@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -74,6 +75,26 @@ class RawLocalSocket {
     std::string body;
     if (!read_exactly(body, length, until)) return std::nullopt;
     return body;
+  }
+
+  // Up to `max` bytes (discarded) that arrived within `timeout`: how many (0: none came);
+  // nullopt once the node closed the connection and nothing is left to read.
+  std::optional<std::size_t> read_up_to(std::size_t max, std::chrono::milliseconds timeout) {
+    pollfd p{fd_, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(timeout.count())) <= 0) return std::size_t{0};
+    std::string buf(max, '\0');
+    const ssize_t n = ::recv(fd_, buf.data(), buf.size(), MSG_DONTWAIT);
+    if (n > 0) return static_cast<std::size_t>(n);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return std::size_t{0};
+    return std::nullopt;
+  }
+
+  // The node closed this connection within `timeout`, seen without reading a byte (what it
+  // sent stays unread).
+  bool hung_up_within(std::chrono::milliseconds timeout) {
+    pollfd p{fd_, POLLRDHUP, 0};
+    return ::poll(&p, 1, static_cast<int>(timeout.count())) > 0 &&
+           (p.revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0;
   }
 
   // The node closed this connection within `timeout` (end of stream, or reset).

@@ -7,10 +7,12 @@
 //
 // The socket is a plain AF_UNIX stream (owner-only). connect() fails at once when the node cannot
 // be reached, saying why; every call answers within the timeout or fails with
-// ErrorCode::kDeadline; a connection the node closed fails that call with kPeerLost, and the next
-// call connects again. Errors the node answers keep its code (kFrozen while a full sync runs:
-// ask again shortly). Not thread-safe: one client per thread. This library links no UCX, ZeroMQ
-// or CUDA: it is what the C and Python bindings wrap.
+// ErrorCode::kDeadline. A connection the node closed while idle (it restarted) is replaced within
+// the call, which then succeeds; one closed while a request was out fails that call with
+// kPeerLost (the request is never sent twice), and the next call connects again. A node over its
+// connection cap answers kRefused. Errors the node answers keep its code (kFrozen while a full
+// sync runs: ask again shortly). Not thread-safe: one client per thread. This library links no UCX,
+// ZeroMQ or CUDA: it is what the C and Python bindings wrap.
 //
 //   auto client = kvnode::client::LocalClient::connect("/tmp/kvnode-vllm-0-0.sock").value();
 //   const std::size_t n = client->info().chunk_bytes;

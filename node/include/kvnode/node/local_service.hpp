@@ -11,8 +11,10 @@
 // leading stored chunks into slots) -> the client reads them -> release. Clients never map the
 // pool itself: a buggy client can only spoil its own slots, the pool keeps its huge pages (shmem
 // rarely has them; on this project's VMs 4 KiB shmem pages cut cma transfers tenfold), and the
-// same path serves pinned pools. A hold a client never finishes (it died) expires after
-// hold_ttl and its slots return. Without staging (slots = 0), bytes travel inline.
+// same path serves pinned pools. A hold belongs to its connection: only that one commits or
+// releases it, and its holds end (slots back, writes dropped) when the connection closes; one a
+// client leaves unfinished on an open connection expires after hold_ttl. Without staging
+// (slots = 0), bytes travel inline.
 #pragma once
 
 #include <chrono>
@@ -33,9 +35,11 @@ struct LocalServiceOptions {
   std::size_t max_holds = 4096;                // outstanding holds, all clients together
   std::size_t staging_slots = 0;      // chunks in the shared staging region; 0: inline only
   std::string staging_name{};         // its POSIX shm name ("/...")
-  std::size_t max_connections = 256;  // beyond: a new connection is closed at once
-  std::chrono::milliseconds stall_timeout{10'000};  // a client stalled mid-request is cut
-  std::size_t max_queued_retrieves = 64;            // beyond: a retrieve is refused (kNoRoom)
+  std::size_t max_connections = 256;  // beyond: a new connection is refused ("refused") and closed
+  // A client stalled mid-request or in reading its reply is cut, and so is one that has not read
+  // a whole reply within this time from its start.
+  std::chrono::milliseconds stall_timeout{10'000};
+  std::size_t max_queued_retrieves = 64;  // beyond: a retrieve is refused (kNoRoom)
 };
 
 class LocalService {
@@ -51,7 +55,9 @@ class LocalService {
   const std::string& path() const;
   std::uint64_t requests() const;  // served, errors included
   std::uint64_t errors() const;
-  std::uint64_t connections() const;  // open now
+  std::uint64_t connections() const;        // open now
+  std::uint64_t dropped_replies() const;    // answers made for clients that had left
+  std::uint64_t retrieves_skipped() const;  // queued retrieves whose client left before they ran
 
   struct Impl;
 
