@@ -106,7 +106,17 @@ TEST(TransferPort, JunkAndDescriptorExhaustionLeaveNothingBehindAndMovesStillWor
       << controller.output();
   const int b_pid = pid_with(b_id);
   ASSERT_GT(b_pid, 0);
-  // Settled: registered, its sockets to the controller open. A little slack for UCX and ZeroMQ.
+  // Settled: registered and its first full sync done, so the agent's request socket to the
+  // controller (opened by the sync, kept for later calls) is counted. A little slack for UCX and
+  // ZeroMQ.
+  ASSERT_TRUE(eventually(
+      [&] {
+        const std::string log = b.log();
+        const auto sync = log.find("worker agent: full sync ");
+        return sync != std::string::npos && log.find(" done", sync) != std::string::npos;
+      },
+      30s))
+      << b.log();
   const std::size_t baseline = descriptors(b_pid) + 2;
 
   std::mt19937 random(11);
