@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "connection.hpp"
+#include "kvnode/common/log_throttle.hpp"
 #include "port_holder.hpp"
 #include "request_gate.hpp"
 
@@ -115,7 +116,7 @@ struct Server::Impl {
   std::uint64_t next_id = kFirstConnectionId;
 
   std::atomic<std::uint64_t> refused{0}, timed_out{0}, headers_refused{0};
-  Clock::time_point last_descriptor_warning{};
+  LogThrottle descriptor_warnings{kDescriptorWarningPeriod};
 
   Impl(std::string n, Limits l)
       : name(std::move(n)),
@@ -232,8 +233,7 @@ void Server::Impl::accept_all(Clock::time_point& paused_until) {
         // Out of descriptors: leave the connection queued, stop polling the listener a moment
         // (else epoll wakes at once, forever) and say so once per period.
         const auto now = Clock::now();
-        if (now - last_descriptor_warning > kDescriptorWarningPeriod) {
-          last_descriptor_warning = now;
+        if (descriptor_warnings.pass(now) > 0) {
           const int error = errno;
           std::size_t open = 0;
           {

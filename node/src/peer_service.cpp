@@ -21,13 +21,6 @@ void log_expired(const PeerService::Expired& e) {
 
 }  // namespace
 
-std::size_t LogThrottle::pass(Clock::time_point now) {
-  ++quiet_;
-  if (last_ && now - *last_ < period_) return 0;
-  last_ = now;
-  return std::exchange(quiet_, 0);
-}
-
 PeerService::PeerService(Engine& engine, PeerServiceOptions options)
     : engine_(engine), options_(std::move(options)) {
   sweeper_ = std::thread([this] { sweep(); });

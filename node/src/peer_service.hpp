@@ -25,26 +25,12 @@
 #include <utility>
 #include <vector>
 
+#include "kvnode/common/log_throttle.hpp"
 #include "kvnode/common/result.hpp"
 #include "kvnode/node/engine.hpp"
 #include "peer_protocol.hpp"
 
 namespace kvnode::node {
-
-// One log line a period for a flood of one kind (a peer sending bad requests): pass() says
-// whether to write it now and how many events it stands for (this one and those kept quiet).
-class LogThrottle {
- public:
-  using Clock = std::chrono::steady_clock;
-  explicit LogThrottle(Clock::duration period) : period_(period) {}
-  // 0: stay quiet. Not thread-safe (the caller's lock).
-  std::size_t pass(Clock::time_point now);
-
- private:
-  Clock::duration period_;
-  std::optional<Clock::time_point> last_{};
-  std::size_t quiet_ = 0;
-};
 
 struct PeerServiceOptions {
   std::chrono::milliseconds ttl{60'000};  // how long a peer's hold lives unless renewed
