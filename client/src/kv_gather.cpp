@@ -1,7 +1,7 @@
-// Host gather/scatter between a paged KV cache and one KV_2LTD chunk, with memcpy. Every check
-// runs before the first byte moves. The copy takes the largest contiguous run it can: a run of
-// tokens inside one block when tokens and heads are packed (NHD), else a token's heads at once
-// when heads are packed, else one head_size row at a time (HND).
+// Runs of a chunk between a paged KV cache and one KV_2LTD chunk, and the host gather/scatter
+// built on them. Every check runs before the first run is visited. A run is the largest
+// contiguous piece the strides allow: the tokens of one block when tokens and heads are packed
+// (NHD), else a token's heads when heads are packed, else one head_size row (HND).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -11,8 +11,6 @@
 
 namespace kvnode::client {
 namespace {
-
-enum class Direction { kGather, kScatter };
 
 Status check_request(const KvLayout& l, std::span<const std::uint32_t> block_ids,
                      std::size_t first_token, std::size_t tokens, std::size_t span_bytes,
@@ -47,18 +45,10 @@ Status check_request(const KvLayout& l, std::span<const std::uint32_t> block_ids
   return {};
 }
 
-void copy(Direction d, std::byte* cache, std::byte* chunk, std::size_t n) {
-  if (d == Direction::kGather) {
-    std::memcpy(chunk, cache, n);
-  } else {
-    std::memcpy(cache, chunk, n);
-  }
-}
-
-// Copies `tokens` tokens of one tensor; `chunk` points at this (kv, layer)'s first token row.
-void copy_tensor(Direction d, const KvLayout& l, const KvTensor& t,
-                 std::span<const std::uint32_t> block_ids, std::size_t first_token,
-                 std::size_t tokens, std::byte* chunk) {
+// The runs of `tokens` tokens of one tensor; `chunk` is this (kv, layer)'s first row's offset.
+void tensor_runs(const KvLayout& l, const KvTensor& t, std::span<const std::uint32_t> block_ids,
+                 std::size_t first_token, std::size_t tokens, std::size_t chunk,
+                 const std::function<void(const KvRun&)>& each) {
   const std::size_t row = std::size_t{l.head_size} * l.elem_bytes;
   const std::size_t token_bytes = row * l.kv_heads;
   const bool heads_packed = l.kv_heads == 1 || t.head_stride == row;
@@ -70,18 +60,18 @@ void copy_tensor(Direction d, const KvLayout& l, const KvTensor& t,
     const std::size_t in_block = tok % l.block_size;
     const std::size_t run = std::min<std::size_t>(l.block_size - in_block, tokens - done);
     std::byte* block = tensor + block_ids[tok / l.block_size] * t.block_stride;
-    std::byte* out = chunk + done * token_bytes;
+    const std::size_t out = chunk + done * token_bytes;
     if (tokens_packed) {
-      copy(d, block + in_block * t.token_stride, out, run * token_bytes);
+      each({block + in_block * t.token_stride, out, run * token_bytes});
     } else {
       for (std::size_t i = 0; i < run; ++i) {
         std::byte* src = block + (in_block + i) * t.token_stride;
         if (heads_packed) {
-          copy(d, src, out + i * token_bytes, token_bytes);
+          each({src, out + i * token_bytes, token_bytes});
           continue;
         }
         for (std::size_t h = 0; h < l.kv_heads; ++h) {
-          copy(d, src + h * t.head_stride, out + i * token_bytes + h * row, row);
+          each({src + h * t.head_stride, out + i * token_bytes + h * row, row});
         }
       }
     }
@@ -89,27 +79,41 @@ void copy_tensor(Direction d, const KvLayout& l, const KvTensor& t,
   }
 }
 
-void copy_chunk(Direction d, const KvLayout& l, std::span<const std::uint32_t> block_ids,
-                std::size_t first_token, std::size_t tokens, std::byte* chunk) {
+void chunk_runs(const KvLayout& l, std::span<const std::uint32_t> block_ids,
+                std::size_t first_token, std::size_t tokens,
+                const std::function<void(const KvRun&)>& each) {
   const std::size_t per_layer = tokens * l.kv_heads * l.head_size * l.elem_bytes;
   const std::size_t per_kv = per_layer * l.layers.size();
   for (std::size_t i = 0; i < l.layers.size(); ++i) {
     const KvLayerTensors& lt = l.layers[i];
-    copy_tensor(d, l, lt.k, block_ids, first_token, tokens, chunk + i * per_layer);
+    tensor_runs(l, lt.k, block_ids, first_token, tokens, i * per_layer, each);
     if (l.format == KvFormat::kKeyValue) {
-      copy_tensor(d, l, lt.v, block_ids, first_token, tokens, chunk + per_kv + i * per_layer);
+      tensor_runs(l, lt.v, block_ids, first_token, tokens, per_kv + i * per_layer, each);
     }
   }
 }
 
 }  // namespace
 
+Status for_each_run(const KvLayout& layout, std::span<const std::uint32_t> block_ids,
+                    std::size_t first_token, std::size_t tokens, std::size_t chunk_span_bytes,
+                    const std::function<void(const KvRun&)>& each) {
+  if (Status st = check_request(layout, block_ids, first_token, tokens, chunk_span_bytes, "chunk");
+      !st) {
+    return st;
+  }
+  chunk_runs(layout, block_ids, first_token, tokens, each);
+  return {};
+}
+
 Status gather(const KvLayout& layout, std::span<const std::uint32_t> block_ids,
               std::size_t first_token, std::size_t tokens, std::span<std::byte> out) {
   if (Status st = check_request(layout, block_ids, first_token, tokens, out.size(), "out"); !st) {
     return st;
   }
-  copy_chunk(Direction::kGather, layout, block_ids, first_token, tokens, out.data());
+  chunk_runs(layout, block_ids, first_token, tokens, [&out](const KvRun& r) {
+    std::memcpy(out.data() + r.chunk_offset, r.cache, r.bytes);
+  });
   return {};
 }
 
@@ -118,9 +122,8 @@ Status scatter(const KvLayout& layout, std::span<const std::uint32_t> block_ids,
   if (Status st = check_request(layout, block_ids, first_token, tokens, in.size(), "in"); !st) {
     return st;
   }
-  // copy() only reads the chunk when scattering; one pointer type keeps one copy loop.
-  copy_chunk(Direction::kScatter, layout, block_ids, first_token, tokens,
-             const_cast<std::byte*>(in.data()));  // NOLINT: read-only in this direction
+  chunk_runs(layout, block_ids, first_token, tokens,
+             [&in](const KvRun& r) { std::memcpy(r.cache, in.data() + r.chunk_offset, r.bytes); });
   return {};
 }
 

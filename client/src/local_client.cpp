@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <optional>
 
 #include "kvnode/client/local_protocol.hpp"
@@ -27,6 +28,16 @@ struct LocalClient::Impl {
   NodeInfo info;
   std::optional<detail::SharedStaging> pool;
   std::size_t slots = 0;  // chunks per shared-memory round trip
+  // KV registrations by the id this client answered: the request (registered again on every new
+  // connection, for the node forgets them with the old one), the caller's descriptors it
+  // carries, and the node's id on the current connection.
+  struct Registered {
+    protocol::Request request;
+    std::vector<int> fds;
+    std::uint64_t node_id = 0;
+  };
+  std::map<std::uint64_t, Registered> registrations;
+  std::uint64_t next_registration = 1;
 
   // One request, one reply, within the timeout. A connection that failed (timed out, closed,
   // answered garbage) is dropped: a late reply must never answer the next request. A new
@@ -36,7 +47,7 @@ struct LocalClient::Impl {
   // cannot be sent on a kept connection (it closed just now), it was never delivered: it goes
   // once more on a new connection, within the same deadline. Never once it went out: the node
   // may have acted on it.
-  Result<protocol::Reply> call(const protocol::Request& q) {
+  Result<protocol::Reply> call(const protocol::Request& q, std::span<const int> fds = {}) {
     const auto deadline = detail::Clock::now() + options.timeout;
     if (socket && !detail::idle_and_open(socket.get())) socket.reset();
     for (bool resent = false;; resent = true) {
@@ -45,7 +56,7 @@ struct LocalClient::Impl {
         if (Status s = open(q.op, deadline); !s) return s.error();
       }
       bool delivered = false;
-      Result<protocol::Reply> r = exchange(q, deadline, &delivered);
+      Result<protocol::Reply> r = exchange(q, deadline, &delivered, fds);
       if (!r && kept && !delivered && !resent && r.error().code == ErrorCode::kPeerLost) {
         socket.reset();
         continue;
@@ -59,14 +70,27 @@ struct LocalClient::Impl {
     Result<UniqueFd> fd = detail::connect_unix(path, deadline);
     if (!fd) return fd.error();
     socket = std::move(fd).value();
-    if (info.chunk_bytes == 0 || op == protocol::LocalOp::kInfo) return {};
-    protocol::Request again;
-    again.op = protocol::LocalOp::kInfo;
-    Result<protocol::Reply> r = settle(again, exchange(again, deadline, nullptr));
-    if (!r) return r.error();
-    if (Status s = adopt(*r); !s) {
-      socket.reset();
-      return s.error();
+    if (info.chunk_bytes != 0 && op != protocol::LocalOp::kInfo) {
+      protocol::Request again;
+      again.op = protocol::LocalOp::kInfo;
+      Result<protocol::Reply> r = settle(again, exchange(again, deadline, nullptr));
+      if (!r) return r.error();
+      if (Status s = adopt(*r); !s) {
+        socket.reset();
+        return s.error();
+      }
+    }
+    return register_again(deadline);
+  }
+
+  // Registrations made on an earlier connection, made again on this one.
+  Status register_again(detail::Clock::time_point deadline) {
+    for (auto& [id, reg] : registrations) {
+      Result<protocol::Reply> r =
+          settle(reg.request, exchange(reg.request, deadline, nullptr, reg.fds));
+      if (!r)
+        return wrap_error("registering KV cache " + std::to_string(id) + " again: ", r.error());
+      reg.node_id = r->kv;
     }
     return {};
   }
@@ -118,8 +142,8 @@ struct LocalClient::Impl {
 
   // `delivered` (when given): set once the whole request went out.
   Result<protocol::Reply> exchange(const protocol::Request& q, detail::Clock::time_point deadline,
-                                   bool* delivered) {
-    if (Status sent = detail::send_frame(socket.get(), protocol::encode(q), deadline); !sent) {
+                                   bool* delivered, std::span<const int> fds = {}) {
+    if (Status sent = detail::send_frame(socket.get(), protocol::encode(q), deadline, fds); !sent) {
       if (sent.error().code != ErrorCode::kPeerLost) return sent.error();
       // A node that refused this connection (over its cap) said why before closing it: an error
       // frame already here. Anything else here answers no request of ours.
@@ -332,6 +356,69 @@ Result<RetrieveReply> LocalClient::retrieve(const ChunkKeys& keys) {
   Result<protocol::Reply> r = impl_->call(impl_->request(protocol::LocalOp::kRetrieve, keys));
   if (!r) return r.error();
   return RetrieveReply{r->count, r->pulled, r->tokens, r->peer};
+}
+
+Result<std::uint64_t> LocalClient::register_kv(const KvLayout& layout,
+                                               std::span<const KvAllocation> allocations) {
+  Impl& m = *impl_;
+  Result<KvWireLayout> wire = to_wire(layout, allocations);
+  if (!wire) return wire.error();
+  Impl::Registered reg;
+  for (const KvAllocation& a : allocations)
+    if (a.kind != KvMemoryKind::kCudaIpc) reg.fds.push_back(a.fd);
+  reg.request.op = protocol::LocalOp::kRegisterKv;
+  reg.request.kv_layout = std::move(wire).value();
+  reg.request.fds = reg.fds.size();
+  Result<protocol::Reply> r = m.call(reg.request, reg.fds);
+  if (!r) return r.error();
+  reg.node_id = r->kv;
+  const std::uint64_t id = m.next_registration++;
+  m.registrations.emplace(id, std::move(reg));
+  return id;
+}
+
+Status LocalClient::unregister_kv(std::uint64_t kv) {
+  Impl& m = *impl_;
+  const auto it = m.registrations.find(kv);
+  if (it == m.registrations.end())
+    return make_error(ErrorCode::kNotFound, "no KV registration " + std::to_string(kv));
+  protocol::Request q;
+  q.op = protocol::LocalOp::kUnregisterKv;
+  q.kv = it->second.node_id;
+  m.registrations.erase(it);
+  Result<protocol::Reply> r = m.call(q);
+  // A node that lost the connection since has dropped the registration with it already.
+  if (!r && r.error().code != ErrorCode::kNotFound) return r.error();
+  return {};
+}
+
+namespace {
+
+Result<KvTransferReply> kv_transfer(LocalClient::Impl& m, protocol::LocalOp op,
+                                    const KvTransfer& t) {
+  const auto it = m.registrations.find(t.kv);
+  if (it == m.registrations.end())
+    return make_error(ErrorCode::kNotFound, "no KV registration " + std::to_string(t.kv));
+  protocol::Request q = m.request(op, t.keys);
+  q.kv = it->second.node_id;
+  q.block_ids = t.block_ids;
+  q.num_tokens = t.num_tokens;
+  q.retrieve = t.retrieve;
+  if (t.wait_event) q.wait_event.assign(t.wait_event->begin(), t.wait_event->end());
+  if (t.done_event) q.done_event.assign(t.done_event->begin(), t.done_event->end());
+  Result<protocol::Reply> r = m.call(q);
+  if (!r) return r.error();
+  return KvTransferReply{r->count, r->tokens, r->pulled, r->peer};
+}
+
+}  // namespace
+
+Result<KvTransferReply> LocalClient::store(const KvTransfer& transfer) {
+  return kv_transfer(*impl_, protocol::LocalOp::kStore, transfer);
+}
+
+Result<KvTransferReply> LocalClient::load(const KvTransfer& transfer) {
+  return kv_transfer(*impl_, protocol::LocalOp::kLoad, transfer);
 }
 
 }  // namespace kvnode::client

@@ -1,18 +1,57 @@
 #include "kvnode/client/local_protocol.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <functional>
 #include <msgpack.hpp>
 #include <optional>
 
+#include "kv_wire_codec.hpp"
+#include "kvnode/client/kv_wire.hpp"
+#include "msgpack_fields.hpp"
+
 namespace kvnode::client::protocol {
 namespace {
 
-constexpr std::array kOps = {LocalOp::kInfo,    LocalOp::kHashes,  LocalOp::kContains,
-                             LocalOp::kLookup,  LocalOp::kPut,     LocalOp::kGet,
-                             LocalOp::kReserve, LocalOp::kCommit,  LocalOp::kAbort,
-                             LocalOp::kLease,   LocalOp::kRelease, LocalOp::kRetrieve};
+using namespace detail;
+
+constexpr std::array kOps = {
+    LocalOp::kInfo,       LocalOp::kHashes,       LocalOp::kContains, LocalOp::kLookup,
+    LocalOp::kPut,        LocalOp::kGet,          LocalOp::kReserve,  LocalOp::kCommit,
+    LocalOp::kAbort,      LocalOp::kLease,        LocalOp::kRelease,  LocalOp::kRetrieve,
+    LocalOp::kRegisterKv, LocalOp::kUnregisterKv, LocalOp::kStore,    LocalOp::kLoad};
+
+constexpr std::size_t kMaxBlockIds = 1 << 22;  // 4 M blocks: a 64 M token sequence at 16
+
+Status read_u32s(const msgpack::object& v, const std::string& path,
+                 std::vector<std::uint32_t>& out) {
+  if (v.type != msgpack::type::ARRAY) return field_error(path, "expected an array of integers");
+  if (v.via.array.size > kMaxBlockIds)
+    return field_error(path, "more than " + std::to_string(kMaxBlockIds) + " entries");
+  out.resize(v.via.array.size);
+  for (std::uint32_t i = 0; i < v.via.array.size; ++i) {
+    const msgpack::object& e = v.via.array.ptr[i];
+    if (e.type != msgpack::type::POSITIVE_INTEGER || e.via.u64 > UINT32_MAX)
+      return field_error(path + "[" + std::to_string(i) + "]", "expected a 32-bit block id");
+    out[i] = static_cast<std::uint32_t>(e.via.u64);
+  }
+  return {};
+}
+
+Status read_event(const msgpack::object& v, const std::string& path, std::vector<std::byte>& out) {
+  if (Status s = read_bin(v, path, out); !s) return s;
+  if (out.size() != kCudaIpcHandleBytes)
+    return field_error(path, "a CUDA IPC event handle is " + std::to_string(kCudaIpcHandleBytes) +
+                                 " bytes, got " + std::to_string(out.size()));
+  return {};
+}
+
+Status read_bool(const msgpack::object& v, const std::string& path, bool& out) {
+  if (v.type != msgpack::type::BOOLEAN) return field_error(path, "expected a boolean");
+  out = v.via.boolean;
+  return {};
+}
 
 std::optional<LocalOp> op_named(std::string_view name) {
   for (LocalOp op : kOps)
@@ -26,103 +65,14 @@ std::string op_names() {
   return out;
 }
 
-using Packer = msgpack::packer<msgpack::sbuffer>;
-
-void pack_str(Packer& pk, const std::string& s) {
-  pk.pack_str(static_cast<std::uint32_t>(s.size()));
-  pk.pack_str_body(s.data(), static_cast<std::uint32_t>(s.size()));
-}
-
-void pack_bin(Packer& pk, const std::vector<std::byte>& b) {
-  pk.pack_bin(static_cast<std::uint32_t>(b.size()));
-  pk.pack_bin_body(reinterpret_cast<const char*>(b.data()), static_cast<std::uint32_t>(b.size()));
-}
-
-// A map whose entries are written only when they carry something.
-class MapOut {
- public:
-  template <class F>
-  void add(const char* key, F&& write) {
-    entries_.push_back({key, std::forward<F>(write)});
-  }
-  std::vector<std::byte> finish() {
-    msgpack::sbuffer buffer;
-    Packer pk(buffer);
-    pk.pack_map(static_cast<std::uint32_t>(entries_.size()));
-    for (auto& [key, write] : entries_) {
-      pack_str(pk, key);
-      write(pk);
-    }
-    std::vector<std::byte> out(buffer.size());
-    std::memcpy(out.data(), buffer.data(), buffer.size());
-    return out;
-  }
-
- private:
-  std::vector<std::pair<std::string, std::function<void(Packer&)>>> entries_;
-};
-
-void add_ints(MapOut& m, const char* key, const std::vector<std::int64_t>& v) {
-  m.add(key, [&v](Packer& pk) {
-    pk.pack_array(static_cast<std::uint32_t>(v.size()));
-    for (std::int64_t x : v) pk.pack(x);
-  });
-}
-
-Status field_error(const std::string& path, const std::string& what) {
-  return make_error(ErrorCode::kInvalid, path + ": " + what);
-}
-
-Status read_uint(const msgpack::object& v, const std::string& path, std::uint64_t& out) {
-  if (v.type != msgpack::type::POSITIVE_INTEGER)
-    return field_error(path, "expected an unsigned integer");
-  out = v.via.u64;
-  return {};
-}
-
-Status read_int(const msgpack::object& v, const std::string& path, std::int64_t& out) {
-  if (v.type == msgpack::type::NEGATIVE_INTEGER) {
-    out = v.via.i64;
-    return {};
-  }
-  if (v.type != msgpack::type::POSITIVE_INTEGER) return field_error(path, "expected an integer");
-  if (v.via.u64 > static_cast<std::uint64_t>(INT64_MAX))
-    return field_error(path, "does not fit 64 signed bits");
-  out = static_cast<std::int64_t>(v.via.u64);
-  return {};
-}
-
-Status read_str(const msgpack::object& v, const std::string& path, std::string& out) {
-  if (v.type != msgpack::type::STR) return field_error(path, "expected a string");
-  out.assign(v.via.str.ptr, v.via.str.size);
-  return {};
-}
-
-Status read_ints(const msgpack::object& v, const std::string& path,
-                 std::vector<std::int64_t>& out) {
-  if (v.type != msgpack::type::ARRAY) return field_error(path, "expected an array of integers");
-  if (v.via.array.size > kMaxKeys)
-    return field_error(path, "more than " + std::to_string(kMaxKeys) + " entries");
-  out.resize(v.via.array.size);
-  for (std::uint32_t i = 0; i < v.via.array.size; ++i)
-    if (Status s = read_int(v.via.array.ptr[i], path + "[" + std::to_string(i) + "]", out[i]); !s)
-      return s;
-  return {};
-}
-
-Status read_bin(const msgpack::object& v, const std::string& path, std::vector<std::byte>& out) {
-  if (v.type != msgpack::type::BIN) return field_error(path, "expected bin");
-  const auto* p = reinterpret_cast<const std::byte*>(v.via.bin.ptr);
-  out.assign(p, p + v.via.bin.size);
-  return {};
-}
-
 // Unpacks a map under limits (no allocation from a hostile length) and calls on_field(key, value).
 template <class OnField>
 Status read_map(std::span<const std::byte> bytes, const char* root, OnField on_field) {
   msgpack::object_handle handle;
   try {
-    const msgpack::unpack_limit limits(kMaxKeys, 32, 4096, kMaxInlineBytes, 0, 3);
+    // Depth 4: request -> kv_layout -> allocations -> one allocation.
+    const msgpack::unpack_limit limits(std::max(kMaxKeys, kMaxBlockIds), 32, 4096, kMaxInlineBytes,
+                                       0, 4);
     handle = msgpack::unpack(reinterpret_cast<const char*>(bytes.data()), bytes.size(), nullptr,
                              nullptr, limits);
   } catch (const std::exception& e) {
@@ -170,6 +120,14 @@ const char* to_string(LocalOp op) noexcept {
       return "release";
     case LocalOp::kRetrieve:
       return "retrieve";
+    case LocalOp::kRegisterKv:
+      return "register_kv";
+    case LocalOp::kUnregisterKv:
+      return "unregister_kv";
+    case LocalOp::kStore:
+      return "store";
+    case LocalOp::kLoad:
+      return "load";
   }
   return "unknown";
 }
@@ -199,6 +157,18 @@ std::vector<std::byte> encode(const Request& r) {
   if (!r.data.empty()) m.add("data", [&r](Packer& pk) { pack_bin(pk, r.data); });
   if (r.hold != 0) m.add("hold", [&r](Packer& pk) { pk.pack(r.hold); });
   if (r.since != 0) m.add("since", [&r](Packer& pk) { pk.pack(r.since); });
+  if (r.kv_layout) m.add("kv_layout", [&r](Packer& pk) { pack_kv_layout(pk, *r.kv_layout); });
+  if (r.fds != 0) m.add("fds", [&r](Packer& pk) { pk.pack(r.fds); });
+  if (r.kv != 0) m.add("kv", [&r](Packer& pk) { pk.pack(r.kv); });
+  if (!r.block_ids.empty())
+    m.add("block_ids", [&r](Packer& pk) {
+      pk.pack_array(static_cast<std::uint32_t>(r.block_ids.size()));
+      for (std::uint32_t b : r.block_ids) pk.pack(b);
+    });
+  if (r.num_tokens != 0) m.add("num_tokens", [&r](Packer& pk) { pk.pack(r.num_tokens); });
+  if (r.retrieve) m.add("retrieve", [](Packer& pk) { pk.pack(true); });
+  if (!r.wait_event.empty()) m.add("wait_event", [&r](Packer& pk) { pack_bin(pk, r.wait_event); });
+  if (!r.done_event.empty()) m.add("done_event", [&r](Packer& pk) { pack_bin(pk, r.done_event); });
   return m.finish();
 }
 
@@ -217,7 +187,8 @@ std::vector<std::byte> encode(const Reply& r) {
                                                                 {"count", &r.count},
                                                                 {"tokens", &r.tokens},
                                                                 {"pulled", &r.pulled},
-                                                                {"since", &r.since}};
+                                                                {"since", &r.since},
+                                                                {"kv", &r.kv}};
   for (const auto& [key, value] : uints)
     if (*value != 0) m.add(key, [value](Packer& pk) { pk.pack(*value); });
   if (r.worker_id != 0) m.add("worker_id", [&r](Packer& pk) { pk.pack(r.worker_id); });
@@ -260,6 +231,17 @@ Result<Request> decode_request(std::span<const std::byte> bytes) {
         if (key == "data") return read_bin(v, path, r.data);
         if (key == "hold") return read_uint(v, path, r.hold);
         if (key == "since") return read_uint(v, path, r.since);
+        if (key == "kv_layout") {
+          r.kv_layout.emplace();
+          return read_kv_layout(v, path, *r.kv_layout);
+        }
+        if (key == "fds") return read_uint(v, path, r.fds);
+        if (key == "kv") return read_uint(v, path, r.kv);
+        if (key == "block_ids") return read_u32s(v, path, r.block_ids);
+        if (key == "num_tokens") return read_uint(v, path, r.num_tokens);
+        if (key == "retrieve") return read_bool(v, path, r.retrieve);
+        if (key == "wait_event") return read_event(v, path, r.wait_event);
+        if (key == "done_event") return read_event(v, path, r.done_event);
         return field_error(path, "unknown field");
       });
   if (!s) return s.error();
@@ -295,6 +277,7 @@ Result<Reply> decode_reply(std::span<const std::byte> bytes) {
         if (key == "tokens") return read_uint(v, path, r.tokens);
         if (key == "pulled") return read_uint(v, path, r.pulled);
         if (key == "since") return read_uint(v, path, r.since);
+        if (key == "kv") return read_uint(v, path, r.kv);
         if (key == "worker_id") return read_int(v, path, r.worker_id);
         if (key == "shm") return read_str(v, path, r.shm);
         if (key == "location") return read_str(v, path, r.location);

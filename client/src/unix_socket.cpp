@@ -13,6 +13,7 @@
 #include <cstring>
 #include <thread>
 
+#include "kvnode/client/kv_wire.hpp"
 #include "kvnode/client/local_framing.hpp"
 #include "kvnode/client/local_protocol.hpp"
 
@@ -99,7 +100,24 @@ Result<UniqueFd> connect_unix(const std::string& path, Clock::time_point deadlin
   }
 }
 
-Status send_frame(int fd, std::span<const std::byte> body, Clock::time_point deadline) {
+Status send_frame(int fd, std::span<const std::byte> body, Clock::time_point deadline,
+                  std::span<const int> fds) {
+  if (fds.size() > kMaxKvFds)
+    return make_error(ErrorCode::kInvalid, std::to_string(fds.size()) +
+                                               " descriptors in one request, at most " +
+                                               std::to_string(kMaxKvFds));
+  // The descriptors ride on the first sendmsg that takes any byte.
+  std::vector<char> control(fds.empty() ? 0 : CMSG_SPACE(sizeof(int) * fds.size()));
+  if (!fds.empty()) {
+    msghdr shape{};
+    shape.msg_control = control.data();
+    shape.msg_controllen = control.size();
+    cmsghdr* c = CMSG_FIRSTHDR(&shape);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  }
   if (body.size() > protocol::kMaxMessageBytes)
     return make_error(ErrorCode::kInvalid, "a request of " + std::to_string(body.size()) +
                                                " bytes is over the limit of " +
@@ -118,6 +136,10 @@ Status send_frame(int fd, std::span<const std::byte> body, Clock::time_point dea
     msghdr msg{};
     msg.msg_iov = parts;
     msg.msg_iovlen = static_cast<std::size_t>(count);
+    if (sent == 0 && !control.empty()) {
+      msg.msg_control = control.data();
+      msg.msg_controllen = control.size();
+    }
     const ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);  // no SIGPIPE in the engine's process
     if (n > 0) {
       sent += static_cast<std::size_t>(n);

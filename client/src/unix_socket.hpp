@@ -20,7 +20,10 @@ namespace kvnode::client::detail {
 using Clock = std::chrono::steady_clock;
 
 Result<UniqueFd> connect_unix(const std::string& path, Clock::time_point deadline);
-Status send_frame(int fd, std::span<const std::byte> body, Clock::time_point deadline);
+// `fds` (at most kMaxKvFds) travel with the frame's first bytes (SCM_RIGHTS); the caller keeps
+// its own copies.
+Status send_frame(int fd, std::span<const std::byte> body, Clock::time_point deadline,
+                  std::span<const int> fds = {});
 // An idle connection can carry a request: false when the node closed it (end of stream, an
 // error) or bytes nobody asked for wait on it. Never blocks.
 bool idle_and_open(int fd);

@@ -1,9 +1,12 @@
 #include "kvnode/gpu/chunk_pool.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <string>
+
+#include "cuda_memory.hpp"
 
 namespace kvnode::gpu {
 
@@ -85,6 +88,43 @@ Status ChunkPool::release(PageId page) {
 std::byte* ChunkPool::page(PageId page) const {
   return page < page_count_ ? region_.data() + static_cast<std::size_t>(page) * page_bytes_
                             : nullptr;
+}
+
+namespace {
+
+// Bounds of a copy into or out of one page.
+Status check_page_copy(const ChunkPool& pool, PageId page, std::size_t bytes) {
+  if (page >= pool.page_count())
+    return make_error(ErrorCode::kInvalid, "chunk pool: page " + std::to_string(page) +
+                                               " is outside the pool (" +
+                                               std::to_string(pool.page_count()) + " pages)");
+  if (bytes > pool.page_bytes())
+    return make_error(ErrorCode::kInvalid, "chunk pool: " + std::to_string(bytes) +
+                                               " bytes do not fit a page of " +
+                                               std::to_string(pool.page_bytes()));
+  return {};
+}
+
+}  // namespace
+
+Status ChunkPool::write(PageId page, std::span<const std::byte> bytes) {
+  if (Status s = check_page_copy(*this, page, bytes.size()); !s) return s;
+  if (bytes.empty()) return {};
+  std::byte* dst = this->page(page);
+  if (region_.kind() == MemoryKind::kDevice)
+    return detail::cuda_memcpy(dst, bytes.data(), bytes.size(), region_.device());
+  std::memcpy(dst, bytes.data(), bytes.size());
+  return {};
+}
+
+Status ChunkPool::read(PageId page, std::span<std::byte> out) const {
+  if (Status s = check_page_copy(*this, page, out.size()); !s) return s;
+  if (out.empty()) return {};
+  const std::byte* src = this->page(page);
+  if (region_.kind() == MemoryKind::kDevice)
+    return detail::cuda_memcpy(out.data(), src, out.size(), region_.device());
+  std::memcpy(out.data(), src, out.size());
+  return {};
 }
 
 bool ChunkPool::contains(PageId first, std::size_t count) const {

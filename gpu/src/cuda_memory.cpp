@@ -3,25 +3,12 @@
 #include <string>
 
 #if KVNODE_HAVE_CUDA
-#include <cuda.h>  // types only: the driver is reached through the runtime, never linked
-#include <cuda_runtime_api.h>
+#include "cuda_check.hpp"
 #endif
 
 namespace kvnode::gpu::detail {
 
 #if KVNODE_HAVE_CUDA
-namespace {
-
-Error cuda_error(const char* what, cudaError_t err) {
-  (void)cudaGetLastError();  // clear the sticky error state
-  std::string hint;
-  if (err == cudaErrorInsufficientDriver || err == cudaErrorNoDevice)
-    hint = " (this host has no usable GPU: use host memory)";
-  return make_error(std::string(what) + " failed: " + cudaGetErrorName(err) + ": " +
-                    cudaGetErrorString(err) + hint);
-}
-
-}  // namespace
 
 Result<void*> cuda_host_alloc(std::size_t bytes) {
   void* p = nullptr;
@@ -36,8 +23,7 @@ void cuda_host_free(void* p) {
 }
 
 Result<void*> cuda_device_alloc(std::size_t bytes, int device) {
-  if (const cudaError_t err = cudaSetDevice(device); err != cudaSuccess)
-    return cuda_error(("cudaSetDevice(" + std::to_string(device) + ")").c_str(), err);
+  if (Status s = set_device(device); !s) return s.error();
   void* p = nullptr;
   if (const cudaError_t err = cudaMalloc(&p, bytes); err != cudaSuccess)
     return cuda_error("cudaMalloc", err);
@@ -49,41 +35,50 @@ void cuda_device_free(void* p, int device) {
   (void)cudaFree(p);
 }
 
+Status cuda_memcpy(void* dst, const void* src, std::size_t bytes, int device) {
+  if (Status s = set_device(device); !s) return s;
+  if (const cudaError_t err = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault); err != cudaSuccess)
+    return cuda_error("cudaMemcpy of " + std::to_string(bytes) + " bytes", err);
+  return {};
+}
+
 Result<int> cuda_dmabuf_fd(void* p, std::size_t bytes) {
-  using GetHandle =
-      CUresult (*)(void*, CUdeviceptr, std::size_t, CUmemRangeHandleType, unsigned long long);
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found{};
-  if (const cudaError_t err = cudaGetDriverEntryPointByVersion("cuMemGetHandleForAddressRange", &fn,
-                                                               12000, cudaEnableDefault, &found);
-      err != cudaSuccess)
-    return cuda_error("cudaGetDriverEntryPointByVersion(cuMemGetHandleForAddressRange)", err);
-  if (found != cudaDriverEntryPointSuccess || fn == nullptr)
-    return make_error(
-        "the CUDA driver has no cuMemGetHandleForAddressRange (dma-buf needs driver "
-        ">= 515 and a kernel with dma-buf support)");
+  Result<PFN_cuMemGetHandleForAddressRange_v11070> get =
+      driver_function<PFN_cuMemGetHandleForAddressRange_v11070>("cuMemGetHandleForAddressRange");
+  if (!get) {
+    Error e = std::move(get).error();
+    e.message += " (dma-buf needs driver >= 515 and a kernel with dma-buf support)";
+    return e;
+  }
   int fd = -1;
-  const CUresult r = reinterpret_cast<GetHandle>(fn)(&fd, reinterpret_cast<CUdeviceptr>(p), bytes,
-                                                     CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
-  if (r != CUDA_SUCCESS)
-    return make_error("cuMemGetHandleForAddressRange(DMA_BUF_FD) failed: CUresult " +
-                      std::to_string(static_cast<int>(r)) +
-                      " (the range must be page-aligned; the GPU and driver must support dma-buf)");
+  const CUresult r =
+      (*get)(&fd, reinterpret_cast<CUdeviceptr>(p), bytes, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+  if (r != CUDA_SUCCESS) {
+    Error e = driver_error("cuMemGetHandleForAddressRange(DMA_BUF_FD)", r);
+    e.message += " (the range must be page-aligned; the GPU and driver must support dma-buf)";
+    return e;
+  }
   return fd;
 }
 
 #else
 
 Result<void*> cuda_host_alloc(std::size_t) {
-  return make_error("pinned host memory needs a kvnode built with the CUDA Toolkit");
+  return make_error(ErrorCode::kRefused,
+                    "pinned host memory needs a kvnode built with the CUDA Toolkit");
 }
 void cuda_host_free(void*) {}
 Result<void*> cuda_device_alloc(std::size_t, int) {
-  return make_error("device memory needs a kvnode built with the CUDA Toolkit");
+  return make_error(ErrorCode::kRefused,
+                    "device memory needs a kvnode built with the CUDA Toolkit");
 }
 void cuda_device_free(void*, int) {}
+Status cuda_memcpy(void*, const void*, std::size_t, int) {
+  return make_error(ErrorCode::kRefused, "cudaMemcpy needs a kvnode built with the CUDA Toolkit");
+}
 Result<int> cuda_dmabuf_fd(void*, std::size_t) {
-  return make_error("dma-buf export needs a kvnode built with the CUDA Toolkit");
+  return make_error(ErrorCode::kRefused,
+                    "dma-buf export needs a kvnode built with the CUDA Toolkit");
 }
 
 #endif

@@ -1,5 +1,6 @@
-// The CUDA runtime calls behind MemoryRegion's pinned and device kinds. Built as stubs that
-// return errors when the build has no CUDA, so memory_region.cpp has no #if.
+// The CUDA runtime calls behind MemoryRegion's pinned and device kinds and ChunkPool's copies into
+// device pages. Built as stubs that return errors when the build has no CUDA, so memory_region.cpp
+// and chunk_pool.cpp have no #if.
 #pragma once
 
 #include <cstddef>
@@ -12,6 +13,9 @@ Result<void*> cuda_host_alloc(std::size_t bytes);
 void cuda_host_free(void* p);
 Result<void*> cuda_device_alloc(std::size_t bytes, int device);
 void cuda_device_free(void* p, int device);
+// cudaMemcpy with cudaMemcpyDefault (the direction follows from the pointers under unified
+// addressing), `device` current; synchronous.
+Status cuda_memcpy(void* dst, const void* src, std::size_t bytes, int device);
 
 }  // namespace kvnode::gpu::detail
 

@@ -114,7 +114,7 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const NodeConfig& c) {
     lo.path = socket_path;
     lo.instance = c.lmcache_instance_id;
     lo.worker_id = c.worker_id;
-    if (*kind != gpu::MemoryKind::kDevice && c.local_staging_mb > 0) {
+    if (c.local_staging_mb > 0) {  // device pools too: slots reach their pages by cudaMemcpy
       lo.staging_slots = std::max<std::size_t>(1, (c.local_staging_mb << 20) / po.page_bytes);
       lo.staging_name =
           "/kvnode" + socket_path;  // one name per socket: a restarted node reclaims it

@@ -88,6 +88,17 @@ std::string metrics_text(const Daemon::Parts& p) {
            "", static_cast<std::uint64_t>(p.local->errors()));
     metric("kvnode_local_connections", "gauge", "Local client connections open.", "",
            p.local->connections());
+    const LocalKvCounters kv = p.local->kv_counters();
+    metric("kvnode_local_kv_registrations", "gauge", "Engine KV caches registered (mapped) now.",
+           "", kv.registrations);
+    metric("kvnode_local_kv_stores_total", "counter", "store requests (by block table) run.", "",
+           kv.stores);
+    metric("kvnode_local_kv_loads_total", "counter", "load requests (by block table) run.", "",
+           kv.loads);
+    metric("kvnode_local_kv_chunks_stored_total", "counter",
+           "Chunks stored from engines' KV caches (new or already held).", "", kv.chunks_stored);
+    metric("kvnode_local_kv_chunks_loaded_total", "counter",
+           "Chunks copied into engines' KV caches.", "", kv.chunks_loaded);
   }
   return out.str();
 }

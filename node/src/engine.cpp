@@ -28,30 +28,27 @@ std::size_t Engine::lookup_tokens(std::span<const std::int64_t> tokens, const st
 
 Status Engine::put(ChunkHash hash, std::span<const std::byte> bytes, std::uint64_t evict_up_to) {
   gpu::ChunkPool& pool = store_.pool();
-  if (pool.region().kind() == gpu::MemoryKind::kDevice)
-    return make_error(ErrorCode::kInvalid,
-                      "put into a device pool goes through the GPU client path, not memcpy");
   if (bytes.size() != pool.page_bytes())
     return make_error(ErrorCode::kInvalid, "a chunk is " + std::to_string(pool.page_bytes()) +
                                                " bytes, got " + std::to_string(bytes.size()));
   Result<gpu::PageId> page = store_.reserve(hash, evict_up_to);
   if (!page) return page.error();
-  std::memcpy(pool.page(*page), bytes.data(), bytes.size());
+  if (Status s = pool.write(*page, bytes); !s) {  // a device pool: cudaMemcpy
+    store_.abort(hash);
+    return s;
+  }
   return store_.commit(hash);
 }
 
 Result<std::size_t> Engine::get(ChunkHash hash, std::span<std::byte> out) {
   gpu::ChunkPool& pool = store_.pool();
-  if (pool.region().kind() == gpu::MemoryKind::kDevice)
-    return make_error(ErrorCode::kInvalid,
-                      "get from a device pool goes through the GPU client path, not memcpy");
   std::optional<Lease> lease = store_.lease(hash);
   if (!lease) return make_error(ErrorCode::kNotFound, "chunk not found");
   if (out.size() < pool.page_bytes())
     return make_error(ErrorCode::kInvalid, "the buffer holds " + std::to_string(out.size()) +
                                                " bytes, a chunk " +
                                                std::to_string(pool.page_bytes()));
-  std::memcpy(out.data(), pool.page(lease->page()), pool.page_bytes());
+  if (Status s = pool.read(lease->page(), out.first(pool.page_bytes())); !s) return s.error();
   return pool.page_bytes();
 }
 

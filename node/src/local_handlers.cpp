@@ -49,6 +49,13 @@ Reply LocalHandlers::serve(ConnectionId from, protocol::Request q) {
       return release({q.hold, from});
     case LocalOp::kRetrieve:  // seconds on the network: never on the socket thread
       return fail(ErrorCode::kInternal, "retrieve is served by the retrieve executor only");
+    case LocalOp::kStore:
+    case LocalOp::kLoad:
+      return fail(ErrorCode::kInternal, "store and load are served by the KV executor only");
+    case LocalOp::kRegisterKv:
+      return register_kv(from, q, {});
+    case LocalOp::kUnregisterKv:
+      return unregister_kv(from, q.kv);
     default:
       break;
   }
@@ -176,9 +183,10 @@ Reply LocalHandlers::get(const Chunks& chunks) {
   Reply r;
   r.count = leases.size();
   r.data.resize(leases.size() * pool.page_bytes());
-  for (std::size_t i = 0; i < leases.size(); ++i)
-    std::memcpy(r.data.data() + i * pool.page_bytes(), pool.page(leases[i].page()),
-                pool.page_bytes());
+  for (std::size_t i = 0; i < leases.size(); ++i) {
+    const std::span<std::byte> out(r.data.data() + i * pool.page_bytes(), pool.page_bytes());
+    if (Status s = pool.read(leases[i].page(), out); !s) return protocol::failure(s.error());
+  }
   return r;
 }
 
@@ -245,7 +253,11 @@ Reply LocalHandlers::lease(const LeaseRequest& request) {
   h.slots = std::move(*slots);
   Reply r;
   for (std::size_t i = 0; i < leases.size(); ++i) {
-    std::memcpy(staging_->slot(h.slots[i]), pool.page(leases[i].page()), pool.page_bytes());
+    const std::span<std::byte> slot(staging_->slot(h.slots[i]), pool.page_bytes());
+    if (Status s = pool.read(leases[i].page(), slot); !s) {  // a device pool: cudaMemcpy
+      staging_->give_back(h);
+      return protocol::failure(s.error());
+    }
     r.offsets.push_back(staging_->offset(h.slots[i]));
   }
   r.count = leases.size();
@@ -331,6 +343,13 @@ void LocalHandlers::expire_holds() {
 }
 
 void LocalHandlers::drop_holds_of(ConnectionId connection) {
+  const auto first = registrations_.lower_bound({connection, 0});
+  const auto last = registrations_.lower_bound({connection + 1, 0});
+  if (first != last) {
+    spdlog::info("local client connection {} closed: {} KV registrations unmapped", connection,
+                 std::distance(first, last));
+    registrations_.erase(first, last);
+  }
   if (!staging_) return;
   if (const std::size_t ended = staging_->drop_owner(connection); ended > 0)
     spdlog::info("local client connection {} closed with {} holds unfinished; their slots return",

@@ -13,10 +13,12 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "kv_transfer.hpp"
 #include "kvnode/client/local_protocol.hpp"
 #include "kvnode/node/engine.hpp"
 #include "kvnode/node/peer_moves.hpp"
@@ -31,6 +33,7 @@ struct HandlerOptions {
   std::int64_t worker_id = 0;
   std::chrono::milliseconds hold_ttl{30'000};
   std::size_t max_holds = 4096;
+  std::size_t max_kv_registrations = 64;  // per connection
 };
 
 // A request's chunks by hash (tokens hashed once, on decoding).
@@ -91,9 +94,20 @@ class LocalHandlers {
   protocol::Reply release(const HoldRequest& request);
   protocol::Reply retrieve(const Chunks& chunks) const;  // any thread
 
+  // The engine's KV path (local_kv_handlers.cpp). register_kv maps the allocations (`fds` are
+  // the request's descriptors, owned; unused ones close); a registration belongs to its
+  // connection and ends with it. store and load run on the KV executor: kv_job() checks the
+  // request on the socket thread and returns what the executor runs.
+  protocol::Reply register_kv(ConnectionId from, const protocol::Request& request,
+                              std::vector<UniqueFd> fds);
+  protocol::Reply unregister_kv(ConnectionId from, std::uint64_t kv);
+  Result<KvJob> kv_job(ConnectionId from, const protocol::Request& request) const;
+  std::size_t kv_registrations() const { return registrations_.size(); }
+
   // Holds past hold_ttl end (their client died): slots back, writes dropped.
   void expire_holds();
-  // The holds of a connection that closed end now: slots back, writes dropped.
+  // The holds and KV registrations of a connection that closed end now: slots back, writes
+  // dropped, mappings closed (once the jobs using them end).
   void drop_holds_of(ConnectionId connection);
 
  private:
@@ -109,6 +123,8 @@ class LocalHandlers {
   PeerMoves* moves_;
   Locate locate_;
   std::unique_ptr<Staging> staging_;
+  std::map<std::pair<ConnectionId, std::uint64_t>, std::shared_ptr<KvRegistration>> registrations_;
+  std::uint64_t next_registration_ = 1;
 };
 
 }  // namespace kvnode::node::local

@@ -23,11 +23,16 @@ struct LocalService::Impl {
   std::unique_ptr<local::LocalHandlers> handlers;
   std::unique_ptr<local::LocalSocketServer> server;
   std::unique_ptr<local::SerialExecutor> executor;
+  std::unique_ptr<local::KvTransfers> transfers;  // used on kv_executor only
+  std::unique_ptr<local::SerialExecutor> kv_executor;
   std::atomic<std::uint64_t> requests{0}, errors{0}, retrieves_skipped{0};
+  std::atomic<std::uint64_t> kv_registrations{0}, kv_stores{0}, kv_loads{0}, kv_chunks_stored{0},
+      kv_chunks_loaded{0};
 
   ~Impl() {
     if (server) server->stop();  // the socket thread ends: nothing submits or serves any more
     executor.reset();            // a running retrieve ends (its reply only queues); queued dropped
+    kv_executor.reset();         // likewise a running store or load
     server.reset();              // stopped already: its descriptors go
     handlers.reset();  // every hold ends (uncommitted writes dropped), the staging region goes
   }
@@ -40,11 +45,29 @@ struct LocalService::Impl {
 
   // On the socket thread: every op is answered here but retrieve, which goes to the executor.
   std::optional<std::vector<std::byte>> on_request(local::ConnectionId connection,
-                                                   std::vector<std::byte> bytes) {
+                                                   std::vector<std::byte> bytes,
+                                                   std::vector<UniqueFd> fds) {
     Result<protocol::Request> decoded = protocol::decode_request(bytes);
     if (!decoded) return answer(protocol::failure(decoded.error()));
-    if (decoded->op != protocol::LocalOp::kRetrieve)
-      return answer(handlers->serve(connection, std::move(decoded).value()));
+    switch (decoded->op) {
+      case protocol::LocalOp::kRetrieve:
+        break;
+      case protocol::LocalOp::kRegisterKv: {
+        const protocol::Reply r = handlers->register_kv(connection, *decoded, std::move(fds));
+        kv_registrations = handlers->kv_registrations();
+        return answer(r);
+      }
+      case protocol::LocalOp::kUnregisterKv: {
+        const protocol::Reply r = handlers->unregister_kv(connection, decoded->kv);
+        kv_registrations = handlers->kv_registrations();
+        return answer(r);
+      }
+      case protocol::LocalOp::kStore:
+      case protocol::LocalOp::kLoad:
+        return queue_kv_job(connection, *decoded);
+      default:
+        return answer(handlers->serve(connection, std::move(decoded).value()));
+    }
     Result<local::Chunks> chunks = handlers->retrieve_request(*decoded);
     if (!chunks) return answer(protocol::failure(chunks.error()));
     const bool queued = executor->submit(
@@ -55,6 +78,61 @@ struct LocalService::Impl {
                                              std::to_string(options.max_queued_retrieves) +
                                              "); ask again shortly")));
     return std::nullopt;
+  }
+
+  // store and load: checked here, copied on the KV executor (large copies, GPU waits).
+  std::optional<std::vector<std::byte>> queue_kv_job(local::ConnectionId connection,
+                                                     const protocol::Request& q) {
+    Result<local::KvJob> job = handlers->kv_job(connection, q);
+    if (!job) return answer(protocol::failure(job.error()));
+    const bool queued = kv_executor->submit(
+        [this, connection, j = std::move(job).value()] { run_kv_job(connection, j); });
+    if (!queued)
+      return answer(protocol::failure(
+          make_error(ErrorCode::kNoRoom, "too many stores and loads queued (" +
+                                             std::to_string(options.max_queued_retrieves) +
+                                             "); ask again shortly")));
+    return std::nullopt;
+  }
+
+  // On the KV executor. Runs even when the client left: a store's copies are the node's to
+  // finish or abort, and the registration stays mapped until the job ends.
+  void run_kv_job(local::ConnectionId connection, const local::KvJob& job) {
+    auto reply_of = [](const local::KvOutcome& o) {
+      protocol::Reply r;
+      r.count = o.chunks;
+      r.tokens = o.tokens;
+      r.pulled = o.pulled;
+      r.peer = o.peer;
+      return r;
+    };
+    bool answered = false;
+    auto post = [&](const protocol::Reply& r) {
+      if (answered) return;
+      answered = true;
+      try {
+        server->post(connection, answer(r));
+      } catch (...) {
+        server->cut(connection);
+      }
+    };
+    Result<local::KvOutcome> out = make_error(ErrorCode::kInternal, "not run");
+    try {
+      out = transfers->run(job, [&](const local::KvOutcome& o) { post(reply_of(o)); });
+    } catch (const std::exception& e) {
+      out = make_error(ErrorCode::kInternal, std::string("store/load: ") + e.what());
+    }
+    const bool store = job.kind == local::KvJobKind::kStore;
+    ++(store ? kv_stores : kv_loads);
+    if (out) (store ? kv_chunks_stored : kv_chunks_loaded) += out->chunks;
+    if (!out) {
+      if (answered)
+        spdlog::error("local {}: {}", job.kind == local::KvJobKind::kStore ? "store" : "load",
+                      out.error().message);
+      post(protocol::failure(out.error()));
+      return;
+    }
+    post(reply_of(*out));
   }
 
   // On the executor. A retrieve whose client left (timed out, closed) is not run: nobody would
@@ -93,9 +171,6 @@ Result<std::unique_ptr<LocalService>> LocalService::start(const LocalServiceOpti
   impl->options = options;
   std::unique_ptr<local::Staging> staging;
   if (options.staging_slots > 0) {
-    if (engine.pool().region().kind() == gpu::MemoryKind::kDevice)
-      return make_error(ErrorCode::kInvalid,
-                        "local clients of a device pool need the GPU client path; set staging off");
     Result<std::unique_ptr<local::Staging>> s = local::Staging::create(
         options.staging_name, options.staging_slots, engine.pool().page_bytes());
     if (!s) return s.error();
@@ -106,6 +181,7 @@ Result<std::unique_ptr<LocalService>> LocalService::start(const LocalServiceOpti
   ho.worker_id = options.worker_id;
   ho.hold_ttl = options.hold_ttl;
   ho.max_holds = options.max_holds;
+  impl->transfers = std::make_unique<local::KvTransfers>(engine, moves, locate);
   impl->handlers = std::make_unique<local::LocalHandlers>(ho, engine, moves, std::move(locate),
                                                           std::move(staging));
   local::SocketServerOptions so;
@@ -116,13 +192,18 @@ Result<std::unique_ptr<LocalService>> LocalService::start(const LocalServiceOpti
   if (!server) return server.error();
   impl->server = std::move(server).value();
   impl->executor = std::make_unique<local::SerialExecutor>(options.max_queued_retrieves);
+  impl->kv_executor = std::make_unique<local::SerialExecutor>(options.max_queued_retrieves);
   Impl* raw = impl.get();
   local::SocketServerHandlers h;
-  h.on_request = [raw](local::ConnectionId c, std::vector<std::byte> bytes) {
-    return raw->on_request(c, std::move(bytes));
+  h.on_request = [raw](local::ConnectionId c, std::vector<std::byte> bytes,
+                       std::vector<UniqueFd> fds) {
+    return raw->on_request(c, std::move(bytes), std::move(fds));
   };
   h.on_tick = [raw] { raw->handlers->expire_holds(); };
-  h.on_close = [raw](local::ConnectionId c) { raw->handlers->drop_holds_of(c); };
+  h.on_close = [raw](local::ConnectionId c) {
+    raw->handlers->drop_holds_of(c);
+    raw->kv_registrations = raw->handlers->kv_registrations();
+  };
   if (Status s = impl->server->serve(std::move(h)); !s) return s.error();
   return std::unique_ptr<LocalService>(new LocalService(std::move(impl)));
 }
@@ -146,6 +227,11 @@ std::uint64_t LocalService::dropped_replies() const {
 }
 std::uint64_t LocalService::retrieves_skipped() const {
   return impl_->retrieves_skipped;
+}
+
+LocalKvCounters LocalService::kv_counters() const {
+  return {impl_->kv_registrations, impl_->kv_stores, impl_->kv_loads, impl_->kv_chunks_stored,
+          impl_->kv_chunks_loaded};
 }
 
 }  // namespace kvnode::node

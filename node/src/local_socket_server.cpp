@@ -16,7 +16,9 @@
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
+#include "kvnode/client/kv_wire.hpp"
 #include "kvnode/client/local_framing.hpp"
 #include "kvnode/client/local_protocol.hpp"
 #include "kvnode/common/unique_fd.hpp"
@@ -36,6 +38,7 @@ constexpr int kBacklog = 128;
 struct Connection {
   UniqueFd fd;
   FrameReader reader{};
+  std::vector<UniqueFd> fds{};  // passed with the frame being read
   std::array<std::byte, client::protocol::kFrameHeaderBytes> header{};
   std::vector<std::byte> reply{};
   std::size_t sent = 0;          // of header and reply
@@ -275,12 +278,25 @@ struct LocalSocketServer::Impl {
   void read_some(ConnectionId id, Connection& c) {
     for (;;) {
       const std::span<std::byte> space = c.reader.space();
-      const ssize_t n = ::recv(c.fd.get(), space.data(), space.size(), 0);
+      iovec part{space.data(), space.size()};
+      alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int) * client::kMaxKvFds)> control;
+      msghdr msg{};
+      msg.msg_iov = &part;
+      msg.msg_iovlen = 1;
+      msg.msg_control = control.data();
+      msg.msg_controllen = control.size();
+      const ssize_t n = ::recvmsg(c.fd.get(), &msg, MSG_CMSG_CLOEXEC);
       if (n == 0) return close(id);
       if (n < 0) {
         if (errno == EINTR) continue;
         if (errno != EAGAIN && errno != EWOULDBLOCK) close(id);
         return;
+      }
+      if (!take_fds(c, msg)) {
+        spdlog::warn("local socket: a client passed more than {} descriptors with one request; cut",
+                     client::kMaxKvFds);
+        ++cut;
+        return close(id);
       }
       c.progress = Clock::now();
       switch (c.reader.advance(static_cast<std::size_t>(n))) {
@@ -297,13 +313,29 @@ struct LocalSocketServer::Impl {
     }
   }
 
+  // Adopts the descriptors a recvmsg brought (each owned at once, so none leaks); false when
+  // the frame carries too many or the kernel dropped some (MSG_CTRUNC).
+  static bool take_fds(Connection& c, msghdr& msg) {
+    bool ok = (msg.msg_flags & MSG_CTRUNC) == 0;
+    for (cmsghdr* h = CMSG_FIRSTHDR(&msg); h != nullptr; h = CMSG_NXTHDR(&msg, h)) {
+      if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS) continue;
+      const std::size_t count = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (std::size_t i = 0; i < count; ++i) {
+        int fd = -1;
+        std::memcpy(&fd, CMSG_DATA(h) + i * sizeof(int), sizeof(int));
+        c.fds.emplace_back(fd);
+      }
+    }
+    return ok && c.fds.size() <= client::kMaxKvFds;
+  }
+
   void handle(ConnectionId id, Connection& c, std::vector<std::byte> request) {
     // Waiting from before the service sees the request: a job it hands its executor may ask
     // is_waiting() before on_request returns.
     set_waiting(id, c, true);
     std::optional<std::vector<std::byte>> reply;
     try {
-      reply = handlers.on_request(id, std::move(request));
+      reply = handlers.on_request(id, std::move(request), std::exchange(c.fds, {}));
     } catch (const std::exception& e) {  // bad_alloc on a large reply: this client only
       spdlog::error("local socket: a request failed: {}; closing its connection", e.what());
       return close(id);

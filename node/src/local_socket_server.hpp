@@ -13,6 +13,11 @@
 // retrieve on its executor); a reply for a connection that closed meanwhile is dropped (and
 // counted). is_waiting() tells that executor whether anyone still waits before it runs a job.
 // on_close tells the service a connection is gone (its holds end).
+//
+// Descriptors a client passes (SCM_RIGHTS: the memfds and VMM fds of a KV registration) arrive
+// with their frame and go to on_request with it, owned; more than kMaxKvFds for one frame, or a
+// truncated control message (the kernel dropped some), cuts the connection, and any the service
+// does not take are closed.
 #pragma once
 
 #include <chrono>
@@ -25,6 +30,7 @@
 #include <vector>
 
 #include "kvnode/common/result.hpp"
+#include "kvnode/common/unique_fd.hpp"
 
 namespace kvnode::node::local {
 
@@ -39,7 +45,8 @@ struct SocketServerOptions {
 
 struct SocketServerHandlers {
   // A whole request; its reply now, or nullopt when it comes later through post().
-  std::function<std::optional<std::vector<std::byte>>(ConnectionId, std::vector<std::byte>)>
+  std::function<std::optional<std::vector<std::byte>>(ConnectionId, std::vector<std::byte>,
+                                                      std::vector<UniqueFd>)>
       on_request{};
   std::function<void()> on_tick{};               // on the socket thread, every tick
   std::function<void(ConnectionId)> on_close{};  // on the socket thread, once per connection

@@ -36,6 +36,7 @@ class RawLocalSocket {
   ~RawLocalSocket() { close(); }
 
   bool connected() const { return fd_ >= 0; }
+  int fd() const { return fd_; }
   void close() {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;

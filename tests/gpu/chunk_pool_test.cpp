@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <set>
 #include <thread>
@@ -140,6 +141,37 @@ TEST(MemoryRegion, HostMemoryReportsHugePagesAndLocking) {
   EXPECT_FALSE(plain->huge_pages());
   EXPECT_FALSE(plain->locked());
   EXPECT_FALSE(MemoryRegion::allocate(0));
+}
+
+TEST(ChunkPool, HostPagesAreWrittenAndReadWhole) {
+  ChunkPool pool = make_pool(4096, 4);
+  std::vector<std::byte> bytes(4096);
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<std::byte>(i * 7);
+  ASSERT_TRUE(pool.write(1, bytes));
+  EXPECT_EQ(std::memcmp(pool.page(1), bytes.data(), bytes.size()), 0);
+  std::vector<std::byte> out(4096);
+  ASSERT_TRUE(pool.read(1, out));
+  EXPECT_EQ(out, bytes);
+  // A shorter write leaves the rest of the page; a shorter read reads the page's start.
+  ASSERT_TRUE(pool.write(1, std::span<const std::byte>(bytes).first(10)));
+  std::vector<std::byte> head(16);
+  ASSERT_TRUE(pool.read(1, head));
+  EXPECT_TRUE(std::equal(head.begin(), head.end(), bytes.begin()));
+  EXPECT_TRUE(pool.write(3, {}));
+}
+
+TEST(ChunkPool, WritesAndReadsOutsideAPageAreErrors) {
+  ChunkPool pool = make_pool(4096, 4);
+  std::vector<std::byte> page(4096), more(4097);
+  const Status outside = pool.write(4, page);
+  ASSERT_FALSE(outside);
+  EXPECT_EQ(outside.error().code, ErrorCode::kInvalid);
+  EXPECT_NE(outside.error().message.find("outside the pool"), std::string::npos);
+  EXPECT_FALSE(pool.read(4, page));
+  const Status too_long = pool.write(0, more);
+  ASSERT_FALSE(too_long);
+  EXPECT_NE(too_long.error().message.find("do not fit"), std::string::npos);
+  EXPECT_FALSE(pool.read(0, more));
 }
 
 bool have_gpu() {

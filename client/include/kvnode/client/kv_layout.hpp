@@ -7,13 +7,14 @@
 // (MLA: [1, layers, tokens, head_size]), so its bytes mean what LMCache's do.
 //
 // gather() copies the tokens of a block table into one chunk and scatter() copies back, with
-// memcpy (host memory: CPU engines, tests; the node's GPU kernels come later). Plain structs with
-// default-initialised fields, so the C API can mirror them and new fields can be added with
-// defaults that keep today's meaning (as UCX's parameter structs grow).
+// memcpy (host memory); for_each_run() lists the same copies as runs, for the node's GPU kernel.
+// Plain structs with default-initialised fields, so the C API can mirror them and new fields can be
+// added with defaults that keep today's meaning (as UCX's parameter structs grow).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -95,5 +96,19 @@ Status gather(const KvLayout& layout, std::span<const std::uint32_t> block_ids,
 // The reverse: writes the chunk `in` into the cache at those tokens' slots.
 Status scatter(const KvLayout& layout, std::span<const std::uint32_t> block_ids,
                std::size_t first_token, std::size_t tokens, std::span<const std::byte> in);
+
+// One contiguous piece of such a chunk: `bytes` at `cache` (in the layout's address space) and
+// at `chunk_offset` in the chunk. The node turns runs into copy segments for its GPU kernel.
+struct KvRun {
+  std::byte* cache = nullptr;
+  std::size_t chunk_offset = 0;
+  std::size_t bytes = 0;
+};
+// Checks the request as gather() does (`chunk_span_bytes`: the chunk's buffer, which must be
+// exactly chunk_bytes(layout, tokens)), then calls `each` for every run, the largest contiguous
+// ones the strides allow. Nothing is called when a check fails.
+Status for_each_run(const KvLayout& layout, std::span<const std::uint32_t> block_ids,
+                    std::size_t first_token, std::size_t tokens, std::size_t chunk_span_bytes,
+                    const std::function<void(const KvRun&)>& each);
 
 }  // namespace kvnode::client

@@ -18,16 +18,22 @@
 //   const std::size_t n = client->info().chunk_bytes;
 //   client->put(kvnode::client::ChunkKeys::of_tokens(tokens), kv_bytes);  // n bytes per chunk
 //   std::size_t got = client->get(kvnode::client::ChunkKeys::of_tokens(tokens), out).value();
+//
+// An engine with a paged KV cache registers it once and then stores and loads by block table:
+// see register_kv, store and load below, and the README.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "kvnode/client/kv_layout.hpp"
+#include "kvnode/client/kv_memory.hpp"
 #include "kvnode/common/result.hpp"
 
 namespace kvnode::client {
@@ -59,6 +65,29 @@ struct RetrieveReply {
 // One logical put made of several put() calls: what the first call learns from the node.
 struct PutSeries {
   std::uint64_t since = 0;  // the node's store tick when the put began (0: not begun)
+};
+
+// One store or load of an engine's registered KV cache, by block table.
+struct KvTransfer {
+  std::uint64_t kv = 0;  // what register_kv answered
+  ChunkKeys keys{};      // the sequence's tokens (hashed by the node) or its chunk hashes
+  // block_ids[i] holds tokens [i * block_size, (i + 1) * block_size) of the sequence.
+  std::vector<std::uint32_t> block_ids{};
+  std::size_t num_tokens = 0;  // by hashes: tokens in all (the last chunk may be unfull); 0: whole
+  bool retrieve = false;       // load: first pull the chunks this node lacks from a peer (P2P)
+  // CUDA IPC event handles (cudaIpcGetEventHandle of an interprocess event): the node's copies
+  // wait for `wait_event` (record it after the KV writes); with `done_event` the call returns
+  // once the copies are queued and the node records it when they land (wait on it before
+  // reusing the blocks); without, the call returns when they landed.
+  std::optional<CudaIpcHandle> wait_event{};
+  std::optional<CudaIpcHandle> done_event{};
+};
+
+struct KvTransferReply {
+  std::size_t chunks = 0;  // leading chunks stored (store) or loaded (load)
+  std::size_t tokens = 0;  // the tokens they cover
+  std::size_t pulled = 0;  // load with retrieve: of them, pulled from a peer
+  std::string peer{};
 };
 
 struct LocalClientOptions {
@@ -96,6 +125,24 @@ class LocalClient {
   // Pulls the chunks this node lacks from the peer the controller names (P2P), then answers
   // what is held locally.
   Result<RetrieveReply> retrieve(const ChunkKeys& keys);
+
+  // The engine's KV path. register_kv shares a paged KV cache with the node: every tensor of
+  // `layout` lies in one of `allocations` (host memory from HostKvMemory, or CUDA memory by IPC
+  // handle or VMM fd), which the node maps once; the node checks that a chunk of the layout is
+  // exactly one pool page (an error says both sizes). Returns the registration's id. A
+  // registration lives as long as this client (the node unmaps it when the connection closes,
+  // the client dies included); when the connection is replaced (the node restarted) the client
+  // registers again by itself, so the id stays valid. The allocations must outlive it.
+  Result<std::uint64_t> register_kv(const KvLayout& layout,
+                                    std::span<const KvAllocation> allocations);
+  Status unregister_kv(std::uint64_t kv);
+  // The node gathers each chunk's blocks into a pool page and commits the chunk (ADMIT) once
+  // its copy landed; chunks stored already are kept. Stops at the first chunk that finds no
+  // room (a store never evicts its own chunks). Answers the leading chunks stored.
+  Result<KvTransferReply> store(const KvTransfer& transfer);
+  // The node copies the leading stored chunks into the blocks (leased meanwhile, so no eviction
+  // touches them mid-copy). Answers the leading chunks and tokens loaded.
+  Result<KvTransferReply> load(const KvTransfer& transfer);
 
   struct Impl;
 

@@ -3,9 +3,14 @@
 // stream socket. Shared by the client and the node; an engine uses LocalClient, not this.
 //
 // Request keys: "op" (info, hashes, contains, lookup, put, get, reserve, commit, abort, lease,
-// release, retrieve), "hashes" or "tokens" (the chunks), "data" (bin: put's inline bytes, chunk
-// after chunk), "hold" (commit/abort/release: the id reserve/lease answered), "since"
-// (put/reserve: the tick an earlier call of the same put answered; absent: the put begins now).
+// release, retrieve, register_kv, unregister_kv, store, load), "hashes" or "tokens" (the chunks),
+// "data" (bin: put's inline bytes, chunk after chunk), "hold" (commit/abort/release: the id
+// reserve/lease answered), "since" (put/reserve: the tick an earlier call of the same put
+// answered; absent: the put begins now). The engine's KV path: "kv_layout" (register_kv: a
+// KvWireLayout, its descriptors beside the frame, "fds" of them), "kv" (the registration),
+// "block_ids", "num_tokens" (by hashes: tokens in all, the last chunk may be unfull),
+// "retrieve" (load: pull missing chunks from peers first), "wait_event" / "done_event" (64-byte
+// CUDA IPC event handles).
 // Reply keys: "ok"; when not ok, "error" (for a person) and "code" (for a program: an ErrorCode's
 // to_string name, e.g. "frozen"); and what the op answers (see local_client.hpp).
 // Decoding checks every type and length and names the field path in its errors; the op string
@@ -14,11 +19,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "kvnode/client/kv_wire.hpp"
 #include "kvnode/common/result.hpp"
 
 namespace kvnode::client::protocol {
@@ -40,6 +47,10 @@ enum class LocalOp : std::uint8_t {
   kLease,
   kRelease,
   kRetrieve,
+  kRegisterKv,
+  kUnregisterKv,
+  kStore,
+  kLoad,
 };
 const char* to_string(LocalOp op) noexcept;
 // An ErrorCode from its to_string name; a name this build does not know is kInternal.
@@ -53,6 +64,14 @@ struct Request {
   std::vector<std::byte> data{};
   std::uint64_t hold = 0;
   std::uint64_t since = 0;  // put/reserve: evict only chunks stored before this tick (0: now)
+  // The engine's KV path.
+  std::optional<KvWireLayout> kv_layout{};  // register_kv
+  std::uint64_t fds = 0;                    // descriptors beside this frame (SCM_RIGHTS)
+  std::uint64_t kv = 0;                     // unregister_kv, store, load: the registration
+  std::vector<std::uint32_t> block_ids{};   // store, load
+  std::uint64_t num_tokens = 0;             // by hashes: tokens in all (0: whole chunks)
+  bool retrieve = false;                    // load
+  std::vector<std::byte> wait_event{}, done_event{};  // 64-byte CUDA IPC event handles
 };
 
 struct Reply {
@@ -69,12 +88,13 @@ struct Reply {
   std::vector<std::int64_t> offsets{};  // reserve/lease: each chunk's slot (byte offset); -1 stored
   std::vector<std::int64_t> hashes{};   // hashes: the chunk hashes of the tokens
   std::uint64_t hold = 0;               // reserve/lease
-  std::uint64_t count = 0;        // put/commit: chunks stored; get/lease/retrieve: leading held
-  std::uint64_t tokens = 0;       // lookup/retrieve: leading tokens held
-  std::uint64_t pulled = 0;       // retrieve
-  std::uint64_t since = 0;        // put/reserve: the put's tick, for its later calls
-  std::string peer{};             // retrieve
+  std::uint64_t count = 0;   // put/commit/store: chunks stored; get/lease/retrieve/load: leading
+  std::uint64_t tokens = 0;  // lookup/retrieve: leading tokens held; store/load: tokens copied
+  std::uint64_t pulled = 0;  // retrieve, load
+  std::uint64_t since = 0;   // put/reserve: the put's tick, for its later calls
+  std::string peer{};        // retrieve, load
   std::vector<std::byte> data{};  // get
+  std::uint64_t kv = 0;           // register_kv: the registration's id
 };
 
 // A reply that carries `error` (its code and message).

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "kvnode/common/result.hpp"
@@ -42,6 +43,11 @@ class ChunkPool {
 
   // Address of a page; nullptr when the id is outside the pool.
   std::byte* page(PageId page) const;
+  // Copies host bytes into a page and a page out to host memory, whatever the pool's memory
+  // (cudaMemcpy for device pools, memcpy otherwise): how local clients' staged chunks reach a
+  // device pool. `bytes` at most a page; an error for a page outside the pool or a CUDA failure.
+  Status write(PageId page, std::span<const std::byte> bytes);
+  Status read(PageId page, std::span<std::byte> out) const;
   // Whether pages [first, first + count) all lie in the pool (peers' requests are checked so).
   bool contains(PageId first, std::size_t count) const;
 

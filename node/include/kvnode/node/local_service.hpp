@@ -11,10 +11,14 @@
 // leading stored chunks into slots) -> the client reads them -> release. Clients never map the
 // pool itself: a buggy client can only spoil its own slots, the pool keeps its huge pages (shmem
 // rarely has them; on this project's VMs 4 KiB shmem pages cut cma transfers tenfold), and the
-// same path serves pinned pools. A hold belongs to its connection: only that one commits or
-// releases it, and its holds end (slots back, writes dropped) when the connection closes; one a
-// client leaves unfinished on an open connection expires after hold_ttl. Without staging
-// (slots = 0), bytes travel inline.
+// same path serves pinned and device pools (a device page is reached with cudaMemcpy).
+//
+// The engine's KV path: register_kv maps an engine's paged KV cache (memfd or CUDA IPC, see
+// kvnode/client/kv_memory.hpp) for as long as the connection lives; store and load gather and
+// scatter chunks by block table on a KV executor of their own (node/src/kv_transfer.hpp). A hold
+// belongs to its connection: only that one commits or releases it, and its holds end (slots back,
+// writes dropped) when the connection closes; one a client leaves unfinished on an open connection
+// expires after hold_ttl. Without staging (slots = 0), bytes travel inline.
 #pragma once
 
 #include <chrono>
@@ -42,6 +46,13 @@ struct LocalServiceOptions {
   std::size_t max_queued_retrieves = 64;  // beyond: a retrieve is refused (kNoRoom)
 };
 
+// The engine KV path's figures (for /metrics).
+struct LocalKvCounters {
+  std::uint64_t registrations = 0;  // KV caches mapped now
+  std::uint64_t stores = 0, loads = 0;
+  std::uint64_t chunks_stored = 0, chunks_loaded = 0;
+};
+
 class LocalService {
  public:
   // `engine` (and `moves`/`locate`, when given) must outlive the service. Retrieve needs both.
@@ -58,6 +69,7 @@ class LocalService {
   std::uint64_t connections() const;        // open now
   std::uint64_t dropped_replies() const;    // answers made for clients that had left
   std::uint64_t retrieves_skipped() const;  // queued retrieves whose client left before they ran
+  LocalKvCounters kv_counters() const;
 
   struct Impl;
 

@@ -1,0 +1,174 @@
+// Descriptors passed over the local socket (SCM_RIGHTS, as register_kv sends its memfds), against
+// a LocalService in this process, so the service's descriptors are this process's: whatever a
+// request brings and the service does not keep is closed (junk descriptors with an info request,
+// a register_kv whose count does not match, or one refused), a frame carrying more than
+// kMaxKvFds descriptors cuts its connection, and a registration's mapping and descriptor end with
+// unregister_kv and with the connection.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/socket.h>
+
+#include <fstream>
+
+#include "kvnode/client/kv_layout.hpp"
+#include "kvnode/client/kv_memory.hpp"
+#include "kvnode/client/kv_wire.hpp"
+#include "kvnode/client/local_protocol.hpp"
+#include "local_rig.hpp"
+
+namespace kvnode::node {
+namespace {
+
+using namespace local_rig;
+
+std::size_t open_fds() {
+  std::size_t n = 0;
+  DIR* d = ::opendir("/proc/self/fd");
+  while (d && ::readdir(d)) ++n;
+  if (d) ::closedir(d);
+  return n;
+}
+
+std::size_t memfd_maps(const std::string& name) {
+  std::ifstream maps("/proc/self/maps");
+  std::size_t n = 0;
+  for (std::string line; std::getline(maps, line);)
+    if (line.find("memfd:" + name) != std::string::npos) ++n;
+  return n;
+}
+
+// One sendmsg of `bytes` with `fds` attached.
+bool send_with_fds(int socket, const std::string& bytes, const std::vector<int>& fds) {
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()));
+  iovec part{const_cast<char*>(bytes.data()), bytes.size()};
+  msghdr msg{};
+  msg.msg_iov = &part;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control.data();
+  msg.msg_controllen = control.size();
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+  std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  return ::sendmsg(socket, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size());
+}
+
+std::string info_request() {
+  return pack([](auto& pk) {
+    pk.pack_map(1);
+    pk.pack(std::string("op"));
+    pk.pack(std::string("info"));
+  });
+}
+
+// Waits until `count()` returns `want`: the socket thread closes what it was sent meanwhile.
+template <class Count>
+bool settles_at(Count count, std::size_t want) {
+  return eventually([&] { return count() == want; }, 5s);
+}
+
+TEST(LocalFds, DescriptorsNobodyAskedForAreClosed) {
+  ServiceRig rig("fds-junk", {});
+  const std::size_t before = open_fds();
+  {
+    RawLocalSocket s(rig.path());
+    ASSERT_TRUE(s.connected());
+    std::vector<int> junk;
+    for (int i = 0; i < 20; ++i) junk.push_back(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    const std::string body = info_request();
+    ASSERT_TRUE(send_with_fds(
+        s.fd(), RawLocalSocket::header(static_cast<std::uint32_t>(body.size())) + body, junk));
+    for (int fd : junk) ::close(fd);
+    Answer a = answer_of(s.read_frame(5000ms));
+    EXPECT_TRUE(a.ok) << a.error;
+  }
+  EXPECT_TRUE(settles_at(open_fds, before)) << open_fds() << " open, " << before << " before";
+}
+
+TEST(LocalFds, AFrameCarryingTooManyDescriptorsCutsItsConnection) {
+  ServiceRig rig("fds-many", {});
+  const std::size_t before = open_fds();
+  RawLocalSocket s(rig.path());
+  ASSERT_TRUE(s.connected());
+  std::vector<int> fds;
+  for (int i = 0; i < 200; ++i) fds.push_back(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  const std::string body = info_request();
+  const std::string frame = RawLocalSocket::header(static_cast<std::uint32_t>(body.size())) + body;
+  // 400 descriptors over two sendmsgs of one frame: over kMaxKvFds (253).
+  ASSERT_TRUE(send_with_fds(s.fd(), frame.substr(0, 2), fds));
+  ASSERT_TRUE(send_with_fds(s.fd(), frame.substr(2), fds));
+  for (int fd : fds) ::close(fd);
+  EXPECT_FALSE(s.read_frame(3000ms)) << "the connection is cut, not answered";
+  s.close();
+  EXPECT_TRUE(settles_at(open_fds, before)) << open_fds() << " open, " << before << " before";
+  // The service goes on.
+  EXPECT_TRUE(ask(rig.path(), info_request()).ok);
+}
+
+// A KV cache matching the rig's 64 KiB pages at the engine's 256 tokens: 1 layer, 1 head, 64 x 2.
+struct SmallCache {
+  client::HostKvMemory memory;
+  client::KvLayout layout;
+};
+SmallCache small_cache(const std::string& name) {
+  const client::KvCacheShape shape{128, 16, 1, 64, 2};
+  auto m = client::HostKvMemory::create(2ull * 128 * 16 * 64 * 2, name);
+  EXPECT_TRUE(m);
+  const client::KvBuffer layer{m->data(), m->size(), 0};
+  auto l = client::vllm_flash_attn_layout(shape, std::span(&layer, 1));
+  EXPECT_TRUE(l) << l.error().message;
+  return {std::move(m).value(), std::move(l).value()};
+}
+
+TEST(LocalFds, ARegistrationsMappingEndsWithUnregisterAndWithItsConnection) {
+  ServiceRig rig("fds-reg", {}, 16);
+  SmallCache cache = small_cache("fds-reg-kv");
+  const std::size_t fds_before = open_fds();
+  const std::size_t maps_before = memfd_maps("fds-reg-kv");  // the engine's own mapping
+  const client::KvAllocation alloc = cache.memory.allocation();
+  auto client = client_of(rig.path());
+  ASSERT_TRUE(client);
+  const std::size_t with_client = open_fds();
+  Result<std::uint64_t> kv = client->register_kv(cache.layout, std::span(&alloc, 1));
+  ASSERT_TRUE(kv) << kv.error().message;
+  EXPECT_EQ(memfd_maps("fds-reg-kv"), maps_before + 1) << "the service mapped it once";
+  EXPECT_EQ(open_fds(), with_client) << "and closed the descriptor it was sent";
+  ASSERT_TRUE(client->unregister_kv(*kv));
+  EXPECT_EQ(memfd_maps("fds-reg-kv"), maps_before);
+  EXPECT_FALSE(client->unregister_kv(*kv)) << "only once";
+
+  ASSERT_TRUE(client->register_kv(cache.layout, std::span(&alloc, 1)));
+  ASSERT_TRUE(client->register_kv(cache.layout, std::span(&alloc, 1)));
+  EXPECT_EQ(memfd_maps("fds-reg-kv"), maps_before + 2);
+  client.reset();  // the connection closes: both registrations end
+  EXPECT_TRUE(settles_at([] { return memfd_maps("fds-reg-kv"); }, maps_before));
+  EXPECT_TRUE(settles_at(open_fds, fds_before));
+}
+
+TEST(LocalFds, ARegisterWhoseDescriptorsDoNotMatchIsRefusedAndClosesThem) {
+  ServiceRig rig("fds-count", {}, 16);
+  SmallCache cache = small_cache("fds-count-kv");
+  const client::KvAllocation alloc = cache.memory.allocation();
+  client::protocol::Request q;
+  q.op = client::protocol::LocalOp::kRegisterKv;
+  q.kv_layout = client::to_wire(cache.layout, std::span(&alloc, 1)).value();
+  q.fds = 1;
+  const std::vector<std::byte> body = client::protocol::encode(q);
+  const std::string payload(reinterpret_cast<const char*>(body.data()), body.size());
+  const std::size_t before = open_fds();
+  RawLocalSocket s(rig.path());
+  // Two descriptors for one memfd allocation.
+  ASSERT_TRUE(send_with_fds(
+      s.fd(), RawLocalSocket::header(static_cast<std::uint32_t>(payload.size())) + payload,
+      {cache.memory.fd(), cache.memory.fd()}));
+  expect_error(answer_of(s.read_frame(5000ms)), "invalid", "request.fds: 1 declared, 2 came");
+  // None: refused too.
+  expect_error(ask(s, payload), "invalid", "request.fds: 1 declared, 0 came");
+  s.close();
+  EXPECT_TRUE(settles_at(open_fds, before)) << open_fds() << " open, " << before << " before";
+  EXPECT_EQ(memfd_maps("fds-count-kv"), 1u) << "only the engine's own mapping";
+}
+
+}  // namespace
+}  // namespace kvnode::node
