@@ -192,8 +192,11 @@ std::vector<std::byte> encode(const Reply& r) {
   for (const auto& [key, value] : uints)
     if (*value != 0) m.add(key, [value](Packer& pk) { pk.pack(*value); });
   if (r.worker_id != 0) m.add("worker_id", [&r](Packer& pk) { pk.pack(r.worker_id); });
-  const std::pair<const char*, const std::string*> strs[] = {
-      {"shm", &r.shm}, {"location", &r.location}, {"instance", &r.instance}, {"peer", &r.peer}};
+  const std::pair<const char*, const std::string*> strs[] = {{"shm", &r.shm},
+                                                             {"location", &r.location},
+                                                             {"instance", &r.instance},
+                                                             {"peer", &r.peer},
+                                                             {"memory", &r.memory}};
   for (const auto& [key, value] : strs)
     if (!value->empty()) m.add(key, [value](Packer& pk) { pack_str(pk, *value); });
   if (!r.present.empty())
@@ -283,6 +286,7 @@ Result<Reply> decode_reply(std::span<const std::byte> bytes) {
         if (key == "location") return read_str(v, path, r.location);
         if (key == "instance") return read_str(v, path, r.instance);
         if (key == "peer") return read_str(v, path, r.peer);
+        if (key == "memory") return read_str(v, path, r.memory);
         if (key == "offsets") return read_ints(v, path, r.offsets);
         if (key == "hashes") return read_ints(v, path, r.hashes);
         if (key == "data") return read_bin(v, path, r.data);

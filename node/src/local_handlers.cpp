@@ -118,6 +118,7 @@ Reply LocalHandlers::info() const {
   r.location = engine_.location();
   r.instance = options_.instance;
   r.worker_id = options_.worker_id;
+  r.memory = std::string(gpu::to_string(pool.region().kind()));
   return r;
 }
 

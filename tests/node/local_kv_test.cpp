@@ -179,6 +179,7 @@ TEST(LocalKv, BadRequestsAreRefusedByFieldAndChangeNothing) {
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code, ErrorCode::kNotFound);
   EXPECT_TRUE(rig.client->info().chunk_bytes > 0) << "the connection still serves";
+  EXPECT_EQ(rig.client->info().memory, "host");
 }
 
 }  // namespace

@@ -53,6 +53,7 @@ struct NodeInfo {
   std::string shm{};  // the staging region's name; "" when bytes go inline
   std::string location{}, instance{};
   std::int64_t worker_id = 0;
+  std::string memory{};  // the pool's memory: "host", "pinned" or "device" ("" from older nodes)
 };
 
 struct RetrieveReply {
