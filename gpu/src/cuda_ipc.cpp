@@ -81,14 +81,16 @@ Result<ImportedDeviceMemory> ImportedDeviceMemory::open_ipc(const IpcHandle& han
     return detail::cuda_error("cudaIpcOpenMemHandle", err);
   auto state = std::make_unique<State>(ImportKind::kIpc, device, static_cast<std::byte*>(p), bytes,
                                        std::size_t{0});
-  // The handle maps the whole allocation: it must hold what the exporter says from p on.
-  if (Result<detail::VmmMapping> range = address_range(p); range) {
-    const std::size_t held = range->ptr + range->size - as_device_address(p);
-    if (held < bytes)
-      return make_error(ErrorCode::kInvalid,
-                        "the exporter says its allocation holds " + std::to_string(bytes) +
-                            " bytes, the IPC handle maps " + std::to_string(held));
-  }
+  // The handle maps the whole allocation: it must hold what the exporter says from p on. Unchecked,
+  // a client's size could send the copy kernel past the mapping (a fault that costs the node its
+  // CUDA context), so a range the driver cannot tell is refused.
+  Result<detail::VmmMapping> range = address_range(p);
+  if (!range) return wrap_error("the imported allocation's range: ", std::move(range).error());
+  const std::size_t held = range->ptr + range->size - as_device_address(p);
+  if (held < bytes)
+    return make_error(ErrorCode::kInvalid,
+                      "the exporter says its allocation holds " + std::to_string(bytes) +
+                          " bytes, the IPC handle maps " + std::to_string(held));
   return ImportedDeviceMemory(std::move(state));
 }
 

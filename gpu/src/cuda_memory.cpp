@@ -39,6 +39,10 @@ Status cuda_memcpy(void* dst, const void* src, std::size_t bytes, int device) {
   if (Status s = set_device(device); !s) return s;
   if (const cudaError_t err = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault); err != cudaSuccess)
     return cuda_error("cudaMemcpy of " + std::to_string(bytes) + " bytes", err);
+  // From pageable memory cudaMemcpy may return once the bytes are staged, before the DMA to the
+  // device ends; a chunk is committed right after this, so wait for the copy itself.
+  if (const cudaError_t err = cudaStreamSynchronize(cudaStreamLegacy); err != cudaSuccess)
+    return cuda_error("cudaStreamSynchronize after cudaMemcpy", err);
   return {};
 }
 

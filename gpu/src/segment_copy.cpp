@@ -8,8 +8,11 @@
 #if KVNODE_HAVE_CUDA
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <limits>
+#include <thread>
 #include <type_traits>
+#include <vector>
 
 #include "cuda_check.hpp"
 #include "segment_copy_kernel.hpp"
@@ -90,11 +93,24 @@ Result<EventPtr> open_event(const IpcHandle& handle) {
   return EventPtr(event);
 }
 
+// How long synchronize() waits for queued copies: an engine that never records the event a
+// batch waits for (it died, or reused the event) must not hang the node's copies for ever.
+constexpr std::chrono::seconds kLandDeadline{60};
+
 class CudaSegmentCopier final : public SegmentCopier {
  public:
   explicit CudaSegmentCopier(int device) : device_(device) {}
   ~CudaSegmentCopier() override {
-    (void)synchronize();  // nothing may still read the buffers freed below
+    // Nothing may still read the buffers freed below. A broken copier's stream may never drain
+    // (a wait that never fires) or cannot (a faulted context): its buffers are left to the
+    // process rather than freed under a kernel.
+    if (broken_.empty() && synchronize()) return;
+    (void)stream_.release();
+    (void)pinned_.release();
+    (void)device_pieces_.release();
+    for (EventPtr& e : uploaded_) (void)e.release();
+    (void)landed_.release();
+    for (EventPtr& e : imported_) (void)e.release();
   }
 
   Status init() {
@@ -104,27 +120,36 @@ class CudaSegmentCopier final : public SegmentCopier {
         err != cudaSuccess)
       return cuda_error("cudaStreamCreateWithFlags", err);
     stream_.reset(stream);
-    for (EventPtr& uploaded : uploaded_) {
+    auto create = [](EventPtr& slot) -> Status {
       cudaEvent_t event = nullptr;
       if (const cudaError_t err = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
           err != cudaSuccess)
         return cuda_error("cudaEventCreateWithFlags", err);
-      uploaded.reset(event);
-    }
+      slot.reset(event);
+      return {};
+    };
+    for (EventPtr& uploaded : uploaded_)
+      if (Status s = create(uploaded); !s) return s;
+    if (Status s = create(landed_); !s) return s;
     return grow(kInitialPieces);
   }
 
   Status wait(const IpcHandle& event) override {
+    if (Status s = usable(); !s) return s;
     if (Status s = detail::set_device(device_); !s) return s;
     Result<EventPtr> imported = open_event(event);
     if (!imported) return imported.error();
     if (const cudaError_t err = cudaStreamWaitEvent(stream_.get(), imported->get(), 0);
         err != cudaSuccess)
       return cuda_error("cudaStreamWaitEvent", err);
+    // Kept open until the stream passed it: the last process to use a shared event must not
+    // destroy it before then.
+    imported_.push_back(std::move(imported).value());
     return {};
   }
 
   Status copy(std::span<const CopySegment> segments) override {
+    if (Status s = usable(); !s) return s;
     if (Status s = check_segments(segments); !s) return s;
     std::size_t pieces = 0;
     for (const CopySegment& s : segments) pieces += (s.bytes + kMaxPieceBytes - 1) / kMaxPieceBytes;
@@ -162,20 +187,44 @@ class CudaSegmentCopier final : public SegmentCopier {
   }
 
   Status record(const IpcHandle& event) override {
+    if (Status s = usable(); !s) return s;
     if (Status s = detail::set_device(device_); !s) return s;
     Result<EventPtr> imported = open_event(event);
     if (!imported) return imported.error();
     if (const cudaError_t err = cudaEventRecord(imported->get(), stream_.get()); err != cudaSuccess)
       return cuda_error("cudaEventRecord (an interprocess event)", err);
+    imported_.push_back(std::move(imported).value());
     return {};
   }
 
+  // Polls an event recorded after everything queued, within kLandDeadline. A failure here is a
+  // kernel fault (sticky: the context is lost for this process) or a wait that never fired:
+  // either way the copier is out of service from now on, and says why on every later call.
   Status synchronize() override {
     if (!stream_) return {};  // init() failed before the stream existed
+    if (Status s = usable(); !s) return s;
     if (Status s = detail::set_device(device_); !s) return s;
-    if (const cudaError_t err = cudaStreamSynchronize(stream_.get()); err != cudaSuccess)
-      return cuda_error("cudaStreamSynchronize (segment copies)", err);
+    if (const cudaError_t err = cudaEventRecord(landed_.get(), stream_.get()); err != cudaSuccess)
+      return fail(cuda_error("cudaEventRecord (copies landed)", err));
+    const auto deadline = std::chrono::steady_clock::now() + kLandDeadline;
+    for (int polls = 0;; ++polls) {
+      const cudaError_t err = cudaEventQuery(landed_.get());
+      if (err == cudaSuccess) break;
+      if (err != cudaErrorNotReady) return fail(cuda_error("the segment copies", err));
+      if (std::chrono::steady_clock::now() > deadline)
+        return fail(make_error(ErrorCode::kDeadline,
+                               "the GPU copies did not land within " +
+                                   std::to_string(kLandDeadline.count()) +
+                                   " s (an event they wait for was never recorded?)"));
+      // Spin briefly (a chunk lands in tens of microseconds), then sleep between polls.
+      if (polls < 1000) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+    }
     in_flight_.fill(false);
+    imported_.clear();
     return {};
   }
 
@@ -208,10 +257,23 @@ class CudaSegmentCopier final : public SegmentCopier {
     return {};
   }
 
+  Status usable() const {
+    if (broken_.empty()) return {};
+    return make_error(ErrorCode::kInternal,
+                      "the GPU copier is out of service since: " + broken_ + " (restart the node)");
+  }
+  Error fail(Error e) {
+    broken_ = e.message;
+    return e;
+  }
+
   int device_;
-  StreamPtr stream_;  // declared first: destroyed after the buffers and events
+  std::string broken_;  // why the copier is out of service; empty while it serves
+  StreamPtr stream_;    // declared first: destroyed after the buffers and events
   std::array<EventPtr, kStagingSlots> uploaded_;  // recorded after each slot's upload
   std::array<bool, kStagingSlots> in_flight_{};   // uploaded_[i] recorded, not yet waited for
+  EventPtr landed_;                               // recorded by synchronize() after all copies
+  std::vector<EventPtr> imported_;                // other processes' events, until they passed
   std::size_t next_slot_ = 0;
   std::size_t capacity_ = 0;    // descriptors per slot and in device_pieces_
   PinnedPieces pinned_;         // kStagingSlots x capacity_

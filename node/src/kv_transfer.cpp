@@ -146,7 +146,10 @@ Result<KvOutcome> KvTransfers::store(const KvJob& job,
   if (status && job.done_event) queued({planned, tokens_of(planned, cs, job.total_tokens), 0, ""});
   if (Status landed = (*copier)->synchronize(); status && !landed) status = landed;
   if (!status) {
-    for (const auto& [index, h] : written) engine_.abort(h);
+    // Copies that may still run (they never landed) keep their pages: reserved for ever rather
+    // than handed to another chunk under a kernel still writing them.
+    if (status.error().code != ErrorCode::kDeadline)
+      for (const auto& [index, h] : written) engine_.abort(h);
     return status.error();
   }
   // Committed in order once whole. A commit refused (a full sync froze the store meanwhile:
@@ -182,7 +185,7 @@ Result<KvOutcome> KvTransfers::load(const KvJob& job,
   }
   const client::KvLayout& layout = reg.uses_gpu() ? reg.kernel_layout() : reg.host_layout();
   const std::size_t cs = engine_.chunk_size();
-  const std::vector<Lease> leases = engine_.lease_leading(job.hashes);
+  std::vector<Lease> leases = engine_.lease_leading(job.hashes);
   std::vector<gpu::CopySegment> segments;
   for (std::size_t i = 0; i < leases.size(); ++i) {
     Result<std::byte*> at =
@@ -195,7 +198,12 @@ Result<KvOutcome> KvTransfers::load(const KvJob& job,
   Status s = copy(**copier, job, segments);
   if (s && job.done_event) queued(out);
   if (Status done = (*copier)->synchronize(); !done && s) s = done;
-  if (!s) return s.error();
+  if (!s) {
+    // Copies that never landed may still read these pages: they stay leased for ever.
+    if (s.error().code == ErrorCode::kDeadline)
+      for (Lease& l : leases) quarantine_.push_back(std::move(l));
+    return s.error();
+  }
   return out;  // the leases end here, after the copies landed
 }
 

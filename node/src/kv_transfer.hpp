@@ -78,6 +78,7 @@ class KvTransfers {
   std::unique_ptr<gpu::SegmentCopier> host_copier_;
   std::unique_ptr<gpu::SegmentCopier> cuda_copier_;  // made at the first job that needs it
   std::byte* pool_kernel_base_ = nullptr;            // the pool's base as kernels address it
+  std::vector<Lease> quarantine_;  // pages of loads whose copies never landed: never freed
 };
 
 }  // namespace kvnode::node::local

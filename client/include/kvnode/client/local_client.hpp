@@ -79,7 +79,10 @@ struct KvTransfer {
   // CUDA IPC event handles (cudaIpcGetEventHandle of an interprocess event): the node's copies
   // wait for `wait_event` (record it after the KV writes); with `done_event` the call returns
   // once the copies are queued and the node records it when they land (wait on it before
-  // reusing the blocks); without, the call returns when they landed.
+  // reusing the blocks); without, the call returns when they landed. Use a fresh event (or one
+  // whose last record completed) per request. Copies that fail after the early answer are only
+  // logged by the node, and a GPU fault may leave the event unsignalled: wait with a timeout.
+  // The KV must be on the node's GPU (one node per GPU and rank).
   std::optional<CudaIpcHandle> wait_event{};
   std::optional<CudaIpcHandle> done_event{};
 };

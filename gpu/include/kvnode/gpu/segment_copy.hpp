@@ -42,6 +42,10 @@ class SegmentCopier {
   // has landed. kInvalid on the host copier.
   virtual Status record(const IpcHandle& event) = 0;
   // Returns once every queued copy has landed; the first error (naming the CUDA call) otherwise.
+  // The CUDA copier waits at most a minute (kDeadline: an event its copies wait for was never
+  // recorded). After any failure there (a kernel fault leaves the process's CUDA context unusable)
+  // it is out of service: every later call fails with kInternal saying why, and the memory its
+  // copies touched must be treated as still in use.
   virtual Status synchronize() = 0;
   virtual bool on_device() const = 0;
   virtual const char* name() const = 0;  // "memcpy", "cuda kernel"
