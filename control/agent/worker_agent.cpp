@@ -51,7 +51,11 @@ void WorkerAgent::Impl::shutdown() {
 
 Result<wire::Msg> WorkerAgent::Impl::call(const wire::Msg& request) {
   std::lock_guard lock(call_mutex_);
-  if (!call_link_) call_link_.emplace(link(options_.controller_reply_url));
+  if (!call_link_) {
+    Result<ControllerLink> made = link(options_.controller_reply_url);
+    if (!made) return made.error();
+    call_link_.emplace(std::move(made).value());
+  }
   Result<wire::Msg> reply = exchange(*call_link_, request);
   if (!reply) call_link_.reset();  // a late reply must not answer the next request
   return reply;
@@ -67,10 +71,11 @@ void WorkerAgent::Impl::register_and_heartbeat() {
   // an operator hears of an unreachable controller within seconds.
   const auto attempt_timeout = std::min(options_.request_timeout, options_.register_timeout);
   for (auto backoff = options_.register_backoff_first; !stopping_;) {
-    ControllerLink s = link(options_.controller_reply_url);
+    Result<ControllerLink> s = link(options_.controller_reply_url);
     count([](AgentCounters& c) { ++c.register_attempts; });
     Result<wire::Msg> reply =
-        s.exchange(hello, attempt_timeout, [this] { return stopping_.load(); });
+        s ? s->exchange(hello, attempt_timeout, [this] { return stopping_.load(); })
+          : Result<wire::Msg>(s.error());
     if (reply && as<wire::RegisterRetMsg>(*reply)) {
       if (const std::string* url =
               as<wire::RegisterRetMsg>(*reply)->extra_config.find("heartbeat_url"))
@@ -108,7 +113,15 @@ void WorkerAgent::Impl::register_and_heartbeat() {
   const wire::HeartbeatMsg beat{options_.instance_id, options_.worker_id, options_.ip, port_,
                                 options_.peer_init_url};
   while (!wait_or_stop(options_.heartbeat_period)) {
-    if (!s) s.emplace(link(url));
+    if (!s) {
+      Result<ControllerLink> made = link(url);
+      if (!made) {
+        spdlog::warn("worker agent: heartbeat: {}", made.error().message);
+        count([](AgentCounters& c) { ++c.heartbeat_failures; });
+        continue;
+      }
+      s.emplace(std::move(made).value());
+    }
     Result<wire::Msg> reply = exchange(*s, beat);
     const auto* ret = reply ? as<wire::HeartbeatRetMsg>(*reply) : nullptr;
     if (!ret) {

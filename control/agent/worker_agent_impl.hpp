@@ -55,10 +55,17 @@ class WorkerAgent::Impl {
   }
 
  private:
-  ControllerLink link(const std::string& url) {
+  // A new link, or an error when no socket can be made (out of descriptors: the caller counts it
+  // as a failed attempt and tries again later, instead of the exception ending the process).
+  Result<ControllerLink> link(const std::string& url) {
     // The monitor's inproc name needs to be unique within context_, which is this agent's.
     const auto n = links_made_.fetch_add(1, std::memory_order_relaxed);
-    return ControllerLink(context_, endpoint(url), std::to_string(n), options_.request_timeout);
+    try {
+      return ControllerLink(context_, endpoint(url), std::to_string(n), options_.request_timeout);
+    } catch (const zmq::error_t& e) {
+      return make_error(ErrorCode::kIo,
+                        "cannot open a socket to the controller at " + url + ": " + e.what());
+    }
   }
   Result<wire::Msg> exchange(ControllerLink& link, const wire::Msg& request) {
     return link.exchange(request, options_.request_timeout, [this] { return stopping_.load(); });

@@ -21,6 +21,7 @@
 #include "kvnode/client/kv_wire.hpp"
 #include "kvnode/client/local_framing.hpp"
 #include "kvnode/client/local_protocol.hpp"
+#include "kvnode/common/log_throttle.hpp"
 #include "kvnode/common/unique_fd.hpp"
 
 namespace kvnode::node::local {
@@ -84,6 +85,7 @@ struct LocalSocketServer::Impl {
   std::unordered_map<ConnectionId, Connection> connections;
   ConnectionId next_id = 1;
   bool accept_paused = false;  // out of descriptors: resumed at the next tick
+  LogThrottle accept_warnings{std::chrono::seconds(10)};
   std::uint64_t refusals_logged = 0;
   const std::vector<std::byte> refusal;
   std::mutex posted_mutex;
@@ -113,13 +115,14 @@ struct LocalSocketServer::Impl {
       std::lock_guard lock(waiting_mutex);
       waiting_ids.clear();
     }
-    listener.reset();
-    // Remove the socket file unless a newer node bound the path since.
+    // Remove the socket file unless a newer node bound the path since; before the listener
+    // closes, so a client never finds a file nobody listens on.
     struct stat now {};
     if (inode != 0 && ::stat(options.path.c_str(), &now) == 0 && now.st_ino == inode &&
         now.st_dev == device)
       ::unlink(options.path.c_str());
     inode = 0;
+    listener.reset();
   }
 
   bool watch(std::uint64_t tag, int fd, std::uint32_t events, int op) {
@@ -233,8 +236,11 @@ struct LocalSocketServer::Impl {
         if (err == EAGAIN || err == EWOULDBLOCK) return;
         // Out of descriptors or memory: the pending connection stays in the backlog; pause
         // accepting for a tick instead of spinning on a listener that stays readable.
-        spdlog::warn("local socket: accept: {}; pausing for {} ms", std::strerror(err),
-                     options.tick.count());
+        // Once per period, with what was kept quiet: out of descriptors, this would else log
+        // every tick for as long as the backlog holds a connection.
+        if (const std::size_t times = accept_warnings.pass(Clock::now()); times > 0)
+          spdlog::warn("local socket: accept: {} ({} times since the last warning); pausing",
+                       std::strerror(err), times);
         accept_paused = true;
         watch(kListenerTag, listener.get(), 0, EPOLL_CTL_MOD);
         return;
@@ -419,27 +425,35 @@ Result<std::unique_ptr<LocalSocketServer>> LocalSocketServer::listen(
     return make_error(ErrorCode::kInvalid,
                       "local socket path '" + options.path + "': empty or over " +
                           std::to_string(sizeof(addr.sun_path) - 1) + " bytes");
-  std::memcpy(addr.sun_path, options.path.c_str(), options.path.size() + 1);
   // A socket file left by a node that died is replaced (the instance lock keeps a live node from
   // being here); any other file at the path is someone's data: refuse.
+  bool stale = false;  // replaced by the rename below
   if (struct stat st{}; ::lstat(options.path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode))
       return make_error(ErrorCode::kInvalid,
                         "local socket " + options.path + ": the path exists and is not a socket");
-    if (::unlink(options.path.c_str()) != 0)
-      return os_error(ErrorCode::kIo, "local socket " + options.path + ": removing the stale one");
+    stale = true;
   }
+  // Bound and listening under a temporary name, then renamed into place: a client that sees the
+  // file can connect at once (bound at the final path, it could meet a socket not listening yet
+  // and be told "nothing listens": the node seemed gone while it was starting).
+  const std::string temp = options.path + "." + std::to_string(::getpid()) + ".tmp";
+  const std::string& bound = temp.size() < sizeof(addr.sun_path) ? temp : options.path;
+  std::memcpy(addr.sun_path, bound.c_str(), bound.size() + 1);
+  ::unlink(temp.c_str());  // left by a node with this pid that died starting
+  if (stale && bound == options.path && ::unlink(options.path.c_str()) != 0)
+    return os_error(ErrorCode::kIo, "local socket " + options.path + ": removing the stale one");
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (!fd) return os_error(ErrorCode::kIo, "local socket: socket");
   if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0)
     return os_error(ErrorCode::kIo, "local socket " + options.path + ": bind");
-  // Owner only, like the staging region: chunks are the engine's data. Set before listen(), so
-  // nobody connects while the file still has the umask's mode.
+  // Owner only, like the staging region: chunks are the engine's data.
   struct stat st {};
-  if (::chmod(options.path.c_str(), 0600) != 0 || ::stat(options.path.c_str(), &st) != 0 ||
-      ::listen(fd.get(), kBacklog) != 0) {
+  if (::chmod(bound.c_str(), 0600) != 0 || ::stat(bound.c_str(), &st) != 0 ||
+      ::listen(fd.get(), kBacklog) != 0 ||
+      (bound != options.path && ::rename(bound.c_str(), options.path.c_str()) != 0)) {
     Error e = os_error(ErrorCode::kIo, "local socket " + options.path);
-    ::unlink(options.path.c_str());
+    ::unlink(bound.c_str());
     return e;
   }
   UniqueFd epoll(::epoll_create1(EPOLL_CLOEXEC));

@@ -78,6 +78,7 @@ class NodeProcess {
   const std::string& instance() const { return instance_; }
   const std::string& socket() const { return socket_; }
   int worker_port() const { return ports_[0]; }
+  pid_t pid() const { return process_->pid(); }  // -1 once it exited and was reaped
   int p2p_port() const { return ports_[1]; }
   std::string log() const { return process_->output(); }
   bool running() { return process_->running(); }
