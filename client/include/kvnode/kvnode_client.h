@@ -4,13 +4,14 @@
  *
  * Conventions (as UCX's):
  * - Every call returns a kvnode_status_t (KVNODE_OK is 0, errors are negative) and, when `err` is
- *   not NULL, fills it with the code and the node's message (never NULL-terminated past its
- *   buffer). No C++ exception crosses this boundary.
+ *   not NULL, fills it with the code and the node's message (NUL-terminated, cut to fit; empty on
+ *   success). No C++ exception crosses this boundary.
  * - Handles are opaque and owned by the caller: every *_open / *_create / kvnode_connect has its
  *   *_close / *_free, which accepts NULL.
  * - Parameter structs start with `field_mask`: a field whose bit is not set takes its default, so
  *   structs can grow without breaking callers built against an older header. Set `field_mask` to
  *   the bits of the fields you filled (required fields are listed per struct and need no bit).
+ *   A bit this library does not know is refused (KVNODE_ERR_INVALID), never silently ignored.
  * - Threads: a kvnode_client_t (and the KV caches registered through it) serves one call at a
  *   time: use one client per thread, or serialise calls. Distinct clients are independent.
  *   kvnode_status_string and kvnode_host_memory_* functions are thread-safe.
@@ -94,6 +95,7 @@ typedef struct kvnode_host_memory kvnode_host_memory_t;
 /* `bytes` of zeroed memory (a sealed memfd); `name` may be NULL. */
 kvnode_status_t kvnode_host_memory_create(size_t bytes, const char* name,
                                           kvnode_host_memory_t** memory, kvnode_error_t* err);
+/* Its mapping, size and memfd (owned by the handle); NULL gives NULL, 0 and -1. */
 void* kvnode_host_memory_data(const kvnode_host_memory_t* memory);
 size_t kvnode_host_memory_size(const kvnode_host_memory_t* memory);
 int kvnode_host_memory_fd(const kvnode_host_memory_t* memory);
@@ -130,7 +132,7 @@ typedef struct kvnode_kv_buffer {
 } kvnode_kv_buffer_t;
 
 enum {
-  KVNODE_KV_FIELD_KV_HEADS = 1u << 0, /* kv_heads (ignored by MLA) */
+  KVNODE_KV_FIELD_KV_HEADS = 1u << 0, /* accepted; kv_heads is read either way (MLA ignores it) */
 };
 typedef struct kvnode_kv_register_params {
   uint64_t field_mask;
@@ -150,7 +152,8 @@ typedef struct kvnode_kv_cache kvnode_kv_cache_t;
 
 /* Registers the cache with the node (the node maps it once; the allocations must outlive the
  * registration). Fails naming the field when the layout leaves an allocation or a chunk of it
- * does not match the node's page size. Closing the client ends its registrations. */
+ * does not match the node's page size. Closing the client ends its registrations: its caches then
+ * answer KVNODE_ERR_NOT_FOUND, and must still be closed. */
 kvnode_status_t kvnode_kv_register(kvnode_client_t* client,
                                    const kvnode_kv_register_params_t* params,
                                    kvnode_kv_cache_t** cache, kvnode_error_t* err);
@@ -158,7 +161,7 @@ kvnode_status_t kvnode_kv_register(kvnode_client_t* client,
 void kvnode_kv_close(kvnode_kv_cache_t* cache);
 
 enum {
-  KVNODE_KV_XFER_FIELD_RETRIEVE = 1u << 0,   /* retrieve (load only) */
+  KVNODE_KV_XFER_FIELD_RETRIEVE = 1u << 0,   /* retrieve (load only: a store refuses it) */
   KVNODE_KV_XFER_FIELD_WAIT_EVENT = 1u << 1, /* wait_event */
   KVNODE_KV_XFER_FIELD_DONE_EVENT = 1u << 2, /* done_event */
 };
@@ -180,11 +183,11 @@ typedef struct kvnode_kv_result {
 } kvnode_kv_result_t;
 
 /* Gathers each chunk's blocks into the node's pool (committed once copied); the longest prefix
- * that fits. */
+ * that fits. `result` may be NULL. */
 kvnode_status_t kvnode_kv_store(kvnode_kv_cache_t* cache,
                                 const kvnode_kv_transfer_params_t* params,
                                 kvnode_kv_result_t* result, kvnode_error_t* err);
-/* Copies the leading stored chunks into the blocks. */
+/* Copies the leading stored chunks into the blocks; `result` may be NULL. */
 kvnode_status_t kvnode_kv_load(kvnode_kv_cache_t* cache, const kvnode_kv_transfer_params_t* params,
                                kvnode_kv_result_t* result, kvnode_error_t* err);
 

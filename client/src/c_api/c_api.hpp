@@ -45,9 +45,11 @@ inline kvnode_status_t invalid(std::string_view message, kvnode_error_t* err) no
   return fail(ErrorCode::kInvalid, message, err);
 }
 
-// Fails naming `what` when `mask` has bits outside `known` (fields this library does not have).
-bool unknown_fields(std::uint64_t mask, std::uint64_t known, std::string_view what,
-                    kvnode_error_t* err) noexcept;
+// KVNODE_ERR_INVALID ("<function>: params->field_mask: ...") when `mask` has bits outside `known`
+// (fields of a newer header than this library's: their values would be ignored, so the call is
+// refused); else KVNODE_OK.
+kvnode_status_t check_fields(std::uint64_t mask, std::uint64_t known, std::string_view function,
+                             kvnode_error_t* err);
 
 // Runs `body` (which answers a kvnode_status_t); an exception becomes KVNODE_ERR_NO_ROOM (out of
 // memory) or KVNODE_ERR_INTERNAL with its text.

@@ -1,0 +1,207 @@
+// The C API (kvnode_client.h, libkvnode_client.so) against a real kvnode process: node info,
+// host memory the node maps, a vLLM-preset cache registered in it, stored and loaded by block
+// table (the loaded blocks' bytes checked against the stored ones), lookup, the node's errors
+// with their status and message, and a cache whose client was closed first.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kvnode/kvnode_client.h"
+#include "support/child_process.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+// The node's page: 64 KiB, 16 tokens. The vLLM cache's 16-token chunk is exactly that:
+// 2 (K, V) x 4 layers x 16 tokens x 2 heads x 128 x 2 bytes.
+constexpr std::size_t kChunkBytes = 64 << 10, kChunkTokens = 16;
+constexpr std::uint32_t kLayers = 4, kHeads = 2, kHeadSize = 128, kElem = 2, kBlocks = 32;
+constexpr std::size_t kBlockBytes = kChunkTokens * kHeads * kHeadSize * kElem;  // one K block
+constexpr std::size_t kLayerBytes = 2 * kBlocks * kBlockBytes;  // [2, blocks, 16, heads, 128]
+
+// A kvnode process with a local socket and no controller (local clients need none).
+class Node {
+ public:
+  explicit Node(const std::string& name)
+      : instance_("capi-" + name + "-" + std::to_string(::getpid())),
+        socket_("/tmp/kvnode-" + instance_ + ".sock"),
+        process_({KVNODE_PATH,
+                  "--instance-id",
+                  instance_,
+                  "--controller-pull-url",
+                  "127.0.0.1:1",
+                  "--controller-reply-url",
+                  "127.0.0.1:2",
+                  "--chunk-bytes",
+                  std::to_string(kChunkBytes),
+                  "--chunk-size",
+                  std::to_string(kChunkTokens),
+                  "--max-local-cpu-size",
+                  "0.01",
+                  "--http-port",
+                  "-1",
+                  "--local-socket",
+                  socket_,
+                  "--local-staging-mb",
+                  "1",
+                  "--full-sync-startup-delay",
+                  "0",
+                  "--ucx-tls",
+                  "tcp",
+                  "--ucx-net-devices",
+                  "lo",
+                  "--log-level",
+                  "warn"}) {}
+  // A client once the node serves (retried while it starts); NULL after 30 s.
+  kvnode_client_t* connect() {
+    kvnode_connect_params_t p{};
+    p.socket_path = socket_.c_str();
+    kvnode_error_t err{};
+    for (const auto until = Clock::now() + 30s; Clock::now() < until && process_.running();) {
+      kvnode_client_t* c = nullptr;
+      if (kvnode_connect(&p, &c, &err) == KVNODE_OK) return c;
+      std::this_thread::sleep_for(20ms);
+    }
+    ADD_FAILURE() << err.message << "\n" << process_.output();
+    return nullptr;
+  }
+  const std::string& instance() const { return instance_; }
+
+ private:
+  std::string instance_, socket_;
+  kvnode::test::ChildProcess process_;
+};
+
+struct ClientCloser {
+  void operator()(kvnode_client_t* c) const { kvnode_client_close(c); }
+};
+using Client = std::unique_ptr<kvnode_client_t, ClientCloser>;
+
+// The cache's K (kv 0) or V (kv 1) block `block` of `layer`, in vLLM's layout.
+std::byte* block_at(void* base, std::uint32_t layer, int kv, std::uint32_t block) {
+  return static_cast<std::byte*>(base) + layer * kLayerBytes + (kv * kBlocks + block) * kBlockBytes;
+}
+
+TEST(CApiAgainstKvnode, InfoRegisterStoreLoadAndLookupByBlockTable) {
+  Node node("kv");
+  Client client(node.connect());
+  ASSERT_TRUE(client);
+  kvnode_error_t err{};
+  kvnode_node_info_t info;
+  std::memset(&info, 'Z', sizeof info);
+  ASSERT_EQ(kvnode_client_info(client.get(), &info, &err), KVNODE_OK) << err.message;
+  EXPECT_EQ(info.chunk_bytes, kChunkBytes);
+  EXPECT_EQ(info.chunk_size, kChunkTokens);
+  EXPECT_GT(info.pages, 0u);
+  EXPECT_STREQ(info.memory, "host");
+  EXPECT_EQ(info.instance, node.instance());
+  EXPECT_EQ(kvnode_client_info(client.get(), nullptr, &err), KVNODE_ERR_INVALID);
+
+  // The cache: 4 layers of [2, 32 blocks, 16, 2, 128] bf16 in one memfd, bytes a pattern.
+  kvnode_host_memory_t* memory = nullptr;
+  ASSERT_EQ(kvnode_host_memory_create(kLayers * kLayerBytes, "c-api-test", &memory, &err),
+            KVNODE_OK)
+      << err.message;
+  std::unique_ptr<kvnode_host_memory_t, void (*)(kvnode_host_memory_t*)> owned(
+      memory, kvnode_host_memory_free);
+  void* base = kvnode_host_memory_data(memory);
+  ASSERT_NE(base, nullptr);
+  EXPECT_EQ(kvnode_host_memory_size(memory), kLayers * kLayerBytes);
+  EXPECT_GE(kvnode_host_memory_fd(memory), 0);
+  EXPECT_EQ(static_cast<unsigned char*>(base)[kLayerBytes], 0) << "zeroed";
+  for (std::size_t i = 0; i < kLayers * kLayerBytes; ++i)
+    static_cast<unsigned char*>(base)[i] = static_cast<unsigned char>(i * 31 / 7 + i / 4096);
+
+  std::vector<kvnode_kv_buffer_t> layers(kLayers);
+  for (std::uint32_t l = 0; l < kLayers; ++l)
+    layers[l] = {base, kLayers * kLayerBytes, l * kLayerBytes};
+  kvnode_kv_allocation_t shared{};
+  shared.kind = KVNODE_MEMORY_HOST_FD;
+  shared.base = base;
+  shared.bytes = kLayers * kLayerBytes;
+  shared.fd = kvnode_host_memory_fd(memory);
+  kvnode_kv_register_params_t reg{};
+  reg.preset = KVNODE_KV_VLLM;
+  reg.num_blocks = kBlocks;
+  reg.block_size = kChunkTokens;
+  reg.kv_heads = kHeads;
+  reg.head_size = kHeadSize / 2;  // a chunk half the page: the node says both sizes
+  reg.elem_bytes = kElem;
+  reg.layers = layers.data();
+  reg.num_layers = kLayers;
+  reg.allocations = &shared;
+  reg.num_allocations = 1;
+  kvnode_kv_cache_t* cache = nullptr;
+  EXPECT_EQ(kvnode_kv_register(client.get(), &reg, &cache, &err), KVNODE_ERR_INVALID);
+  EXPECT_NE(std::string(err.message).find("65536"), std::string::npos) << err.message;
+  reg.head_size = kHeadSize;
+  ASSERT_EQ(kvnode_kv_register(client.get(), &reg, &cache, &err), KVNODE_OK) << err.message;
+  ASSERT_NE(cache, nullptr);
+
+  std::vector<std::int64_t> tokens(4 * kChunkTokens);
+  std::iota(tokens.begin(), tokens.end(), 1000);
+  const std::vector<std::uint32_t> stored_in = {5, 9, 2, 30}, loaded_to = {11, 12, 13, 14};
+  kvnode_kv_transfer_params_t t{};
+  t.tokens = tokens.data();
+  t.num_tokens = tokens.size();
+  t.block_ids = stored_in.data();
+  t.num_block_ids = stored_in.size();
+  kvnode_kv_result_t r{};
+  ASSERT_EQ(kvnode_kv_store(cache, &t, &r, &err), KVNODE_OK) << err.message;
+  EXPECT_EQ(r.chunks, 4u);
+  EXPECT_EQ(r.tokens, tokens.size());
+  std::size_t held = 0;
+  ASSERT_EQ(kvnode_lookup(client.get(), tokens.data(), tokens.size(), &held, &err), KVNODE_OK);
+  EXPECT_EQ(held, tokens.size());
+  const std::int64_t other[] = {1, 2, 3};
+  ASSERT_EQ(kvnode_lookup(client.get(), other, 3, &held, &err), KVNODE_OK);
+  EXPECT_EQ(held, 0u);
+
+  t.block_ids = loaded_to.data();
+  t.field_mask = KVNODE_KV_XFER_FIELD_RETRIEVE;  // a load's field
+  EXPECT_EQ(kvnode_kv_store(cache, &t, &r, &err), KVNODE_ERR_INVALID);
+  t.field_mask = 0;
+  ASSERT_NE(std::memcmp(block_at(base, 0, 0, 11), block_at(base, 0, 0, 5), kBlockBytes), 0);
+  ASSERT_EQ(kvnode_kv_load(cache, &t, &r, &err), KVNODE_OK) << err.message;
+  EXPECT_EQ(r.chunks, 4u);
+  EXPECT_EQ(r.tokens, tokens.size());
+  EXPECT_EQ(r.pulled, 0u);
+  for (std::uint32_t l = 0; l < kLayers; ++l)
+    for (int kv = 0; kv < 2; ++kv)
+      for (std::size_t i = 0; i < loaded_to.size(); ++i) {
+        EXPECT_EQ(std::memcmp(block_at(base, l, kv, loaded_to[i]),
+                              block_at(base, l, kv, stored_in[i]), kBlockBytes),
+                  0)
+            << "layer " << l << (kv ? " V" : " K") << " block " << loaded_to[i];
+      }
+
+  const std::uint32_t out_of_range[] = {5, 9, 2, kBlocks};
+  t.block_ids = out_of_range;
+  EXPECT_EQ(kvnode_kv_store(cache, &t, &r, &err), KVNODE_ERR_INVALID);
+  EXPECT_NE(std::string(err.message).find("block_ids[3]"), std::string::npos) << err.message;
+  t.block_ids = nullptr;
+  EXPECT_EQ(kvnode_kv_load(cache, &t, &r, &err), KVNODE_ERR_INVALID);
+
+  // A second registration of the same memory, closed while its client lives (the node unmaps it).
+  kvnode_kv_cache_t* second = nullptr;
+  ASSERT_EQ(kvnode_kv_register(client.get(), &reg, &second, &err), KVNODE_OK) << err.message;
+  kvnode_kv_close(second);
+
+  // Closing the client first ends the registration; the cache handle stays safe.
+  client.reset();
+  t.block_ids = stored_in.data();
+  EXPECT_EQ(kvnode_kv_store(cache, &t, &r, &err), KVNODE_ERR_NOT_FOUND);
+  EXPECT_NE(std::string(err.message).find("is closed"), std::string::npos) << err.message;
+  kvnode_kv_close(cache);
+}
+
+}  // namespace
