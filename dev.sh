@@ -25,6 +25,7 @@ Usage: ./dev.sh COMMAND
   format  rewrite every C++ source with clang-format-14 (what the tree check expects)
   demo    build, then run kvcontroller and two kvnode on loopback: put, lookup, move, verify
   bench   build, then run every build/bin/bench_*, kvbench transfer --quick and kvbench node
+  gpu-check  build and pack .gpu-check/ (tools/gpu-check.sh), then print the device tool's run call
   help    show this text
 
 Each command first installs missing Debian packages (apt-get, needs root).
@@ -272,10 +273,18 @@ cmd_bench() {
   build/bin/kvbench node
 }
 
+# The prepared GPU check: built and packed here, run on the GPU machine by the device tool.
+cmd_gpu_check() {
+  bash "$ROOT/tools/gpu-check.sh"
+  echo "== on the GPU machine, the device tool's run:"
+  echo '   {"command": "bash .gpu-check/run.sh", "carry": [".gpu-check"], "timeout_s": 420}'
+}
+
 main() {
   local cmd="${1:-help}"
   case "$cmd" in
     build|test|demo|bench|format) ensure_packages; "cmd_$cmd" ;;
+    gpu-check) ensure_packages; cmd_gpu_check ;;
     help|-h|--help) usage ;;
     *) usage >&2; exit 2 ;;
   esac

@@ -52,7 +52,9 @@ Result<HostMapping> map_host(const UniqueFd& fd, std::size_t bytes, const std::s
                       name +
                           ": the memfd must be sealed against shrinking (F_SEAL_SHRINK; "
                           "kvnode::client::HostKvMemory does it)");
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  // Populated now: the engine's pages are faulted into this process at registration, not by the
+  // first store or load (2-4x slower on a fresh 4 KiB-page mapping of a large cache).
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
   if (p == MAP_FAILED)
     return make_error(ErrorCode::kNoRoom, name + ": mmap: " + std::strerror(errno));
   return HostMapping(static_cast<std::byte*>(p), bytes);

@@ -1,6 +1,8 @@
 // kvbench: benchmarks for operators. `kvbench transfer` measures the transfer plane between two
 // processes on loopback next to ucx_perftest and memcpy; `kvbench node` the whole node (moves
-// through kvcontroller, P2P retrieve) next to the raw plane (docs/benchmarks.md).
+// through kvcontroller, P2P retrieve) next to the raw plane; `kvbench engine` the engine KV path
+// (store and load by block table) next to memcpy or cudaMemcpy of the same bytes
+// (docs/benchmarks.md).
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -12,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "baselines.hpp"
+#include "engine_bench.hpp"
 #include "node_bench.hpp"
 #include "transfer_bench.hpp"
 
@@ -85,6 +88,22 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1000));
   node_cmd->add_flag("--json", node_spec.json, "one JSON object instead of text");
 
+  auto* engine_cmd = app.add_subcommand(
+      "engine", "the engine KV path: store and load by block table vs memcpy or cudaMemcpy");
+  EngineBenchSpec engine_spec;
+  engine_cmd
+      ->add_option("--memory", engine_spec.memory,
+                   "the node's pool: host, pinned, device, or all this host supports")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"host", "pinned", "device", "all"}));
+  engine_cmd->add_option("--tokens", engine_spec.tokens, "tokens per store and load (x256)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{256}, std::size_t{1} << 24));
+  engine_cmd->add_option("--iters", engine_spec.iterations, "stores and loads timed")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  engine_cmd->add_flag("--json", engine_spec.json, "one JSON object per line instead of a table");
+
   auto* serve_cmd = app.add_subcommand("serve", "(internal) the serving side of kvbench transfer");
   serve_cmd->group("");
   std::string port_file;
@@ -100,6 +119,10 @@ int main(int argc, char** argv) {
   spdlog::set_default_logger(spdlog::stderr_color_mt("kvbench"));
   spdlog::set_level(serve_cmd->parsed() ? spdlog::level::err : spdlog::level::warn);
   if (serve_cmd->parsed()) return serve(port_file, chunk_bytes, pages, stage);
+  if (engine_cmd->parsed()) {
+    engine_spec.self = self_path();
+    return run_engine_bench(engine_spec);
+  }
   if (node_cmd->parsed()) {
     node_spec.self = self_path();
     node_spec.tls = node_tls == "default" ? "" : node_tls;
