@@ -24,7 +24,8 @@ Usage: ./dev.sh COMMAND
           each fuzz_* target for KVNODE_FUZZ_SECONDS in total (default 60)
   format  rewrite every C++ source with clang-format-14 (what the tree check expects)
   demo    build, then run kvcontroller and two kvnode on loopback: put, lookup, move, verify
-  bench   build, then run every build/bin/bench_*, kvbench transfer --quick and kvbench node
+  bench   build, then run every build/bin/bench_*, kvbench transfer --quick, kvbench node and
+          kvbench engine
   gpu-check  build and pack .gpu-check/ (tools/gpu-check.sh), then print the device tool's run call
   help    show this text
 
@@ -271,6 +272,8 @@ cmd_bench() {
   echo "== build/bin/kvbench node (tcp, then UCX's default)"
   build/bin/kvbench node --tls tcp
   build/bin/kvbench node
+  echo "== build/bin/kvbench engine --memory all (host here; pinned and device on a GPU)"
+  build/bin/kvbench engine --memory all
 }
 
 # The prepared GPU check: built and packed here, run on the GPU machine by the device tool.
