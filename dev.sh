@@ -11,7 +11,7 @@ PACKAGES=(
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libucx-dev ucx-utils libibverbs-dev librdmacm-dev
   rdma-core libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libyaml-cpp-dev libcpp-httplib-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev python3 python3-zmq python3-msgpack
-  iproute2 clang-format-14
+  iproute2 clang-format-14 python3-numpy python3-pytest
 )
 
 usage() {

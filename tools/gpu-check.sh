@@ -21,6 +21,7 @@ cd "$ROOT"
 BUNDLE=.gpu-check
 LIMIT_MIB=64  # what travels to the GPU machine: the working tree and the carried bundle together
 TARGETS=(kvnode kvctl kvcontroller kvbench gpu_test node_test transfer_test transfer_test_peer)
+LIBRARIES=(kvnode_client_c)  # built too; the Python package loads it
 BUNDLER="$ROOT/../shared/tools/device-bundle.sh"
 [[ -f "$BUNDLER" ]] || { echo "gpu-check: $BUNDLER is missing" >&2; exit 2; }
 
@@ -37,7 +38,7 @@ grep -q '^CMAKE_CUDA_COMPILER:.*nvcc' build/CMakeCache.txt ||
   echo "gpu-check: note: build/ was configured without nvcc: no copy kernel, GPU steps will fail"
 echo "== gpu-check: building ${TARGETS[*]} (build/, under /tmp/kvnode-build.lock)"
 flock /tmp/kvnode-build.lock cmake --build build --parallel "${KVNODE_BUILD_JOBS:-2}" \
-  --target "${TARGETS[@]}"
+  --target "${TARGETS[@]}" "${LIBRARIES[@]}"
 
 # --- bundle --------------------------------------------------------------------------------------
 exclude="$(git rev-parse --git-path info/exclude 2>/dev/null || echo .git/info/exclude)"
@@ -46,6 +47,8 @@ grep -qxF "/$BUNDLE/" "$exclude" 2>/dev/null || echo "/$BUNDLE/" >>"$exclude"
 bins=()
 for t in "${TARGETS[@]}"; do bins+=("build/bin/$t"); done
 bash "$BUNDLER" "$BUNDLE" "${bins[@]}" >/dev/null
+# The C client library for the Python package's GPU test (it needs only libstdc++).
+cp -L build/client/libkvnode_client.so.0 "$BUNDLE/lib/"
 
 # node_test and transfer_test start kvnode, kvcontroller, kvctl and transfer_test_peer by the
 # absolute paths of this build (KVNODE_PATH etc.): run.sh recreates that folder there.
@@ -63,7 +66,8 @@ grep -qF "$BUILD_BIN/kvnode" build/bin/node_test ||
 # "gpu-check: STEP PASS|FAIL|SKIPPED ...":
 #   nvidia-smi -L; gpu_test (all; the GPU tests skip themselves without a GPU);
 #   node_test --gtest_filter=KvEngineGpu*:DevicePool*; transfer_test --gtest_filter=DevicePool*;
-#   kvbench engine --memory all --json (host, and pinned and device where there is a GPU).
+#   kvbench engine --memory all --json (host, and pinned and device where there is a GPU);
+#   the Python package with torch CUDA tensors (tests/python/test_gpu.py) where torch is.
 # Logs, the JSON lines and summary.txt go to $OUT when it is set (the device tool brings them
 # back), else to .gpu-check/out/. Exit 0 when no step failed.
 #
@@ -156,6 +160,19 @@ else
   FAILED=$((FAILED + 1))
   say "kvbench_engine FAIL (exit $rc; log kvbench_engine.log) $((SECONDS - t0))s"
   tail -n 20 "$LOGS/kvbench_engine.log" | sed 's/^/    | /'
+fi
+
+t0=$SECONDS
+if ! python3 -c 'import torch, numpy' >/dev/null 2>&1; then
+  say "python_gpu SKIPPED (no python3 with torch and numpy here)"
+elif KVNODE_CLIENT_LIB="$HERE/lib/libkvnode_client.so.0" KVNODE_PATH="$HERE/bin/kvnode" \
+  KVCONTROLLER_PATH="$HERE/bin/kvcontroller" PYTHONPATH="$PWD/python" PYTHONUNBUFFERED=1 \
+  timeout -k 10 90 python3 tests/python/test_gpu.py >"$LOGS/python_gpu.log" 2>&1; then
+  say "python_gpu PASS ($(grep -c PASS "$LOGS/python_gpu.log") passed, $(grep -c SKIPPED "$LOGS/python_gpu.log") skipped) $((SECONDS - t0))s"
+else
+  FAILED=$((FAILED + 1))
+  say "python_gpu FAIL (log python_gpu.log) $((SECONDS - t0))s"
+  tail -n 20 "$LOGS/python_gpu.log" | sed 's/^/    | /'
 fi
 
 say "done: $FAILED step(s) failed; logs in $LOGS"

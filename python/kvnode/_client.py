@@ -1,0 +1,344 @@
+"""Client (a connection to the node on this host) and KVCache (an engine's registered KV cache).
+
+Each wraps a C handle. The C API serves one call at a time per client, so a Client holds a lock
+around every call of its own and of its caches: threads may share them (ctypes releases the GIL
+during the call, so other Python threads run meanwhile). Closing a Client closes its caches
+first; handles left open are closed when their object is collected (weakref.finalize), caches
+before their client since a cache keeps its client alive. The per-call structs (parameters,
+result, error) are built once per object and reused under the lock: a store or load costs one
+ctypes call plus the argument conversion.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import threading
+import weakref
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+from . import _lib
+from ._args import as_block_ids, as_tokens, positive_int
+from ._errors import Error
+from ._layers import LAYOUTS, plan
+
+__all__ = ["Client", "KVCache", "connect"]
+
+
+class _ClientState:
+    """The C client handle and what its finalizer needs (never the Client itself)."""
+
+    def __init__(self, handle: int) -> None:
+        self.handle: Optional[int] = handle
+        self.lock = threading.Lock()
+        self.caches: "weakref.WeakSet[_CacheState]" = weakref.WeakSet()
+        self.err = _lib.ErrorStruct()
+
+    def close(self) -> None:
+        with self.lock:
+            for cache in list(self.caches):
+                cache.close_locked()
+            if self.handle is not None:
+                _lib.library().kvnode_client_close(self.handle)
+                self.handle = None
+
+
+class _CacheState:
+    """The C cache handle, the memory it needs kept alive, and the reused call structs."""
+
+    def __init__(self, client: _ClientState, handle: int, keep: List[Any]) -> None:
+        self.client = client
+        self.handle: Optional[int] = handle
+        self.keep = keep
+        self.params = _lib.KvTransferParams()
+        self.result = _lib.KvResult()
+        self.err = _lib.ErrorStruct()
+        self.p_params = ctypes.pointer(self.params)
+        self.p_result = ctypes.pointer(self.result)
+        self.p_err = ctypes.pointer(self.err)
+
+    def close_locked(self) -> None:  # the client's lock is held
+        if self.handle is not None:
+            _lib.library().kvnode_kv_close(self.handle)
+            self.handle = None
+            self.keep = []
+        self.client.caches.discard(self)
+
+    def close(self) -> None:
+        with self.client.lock:
+            self.close_locked()
+
+
+def connect(socket_path: Union[str, "os.PathLike[str]"], timeout: float = 15.0) -> "Client":
+    """Connects to the kvnode serving this host at `socket_path` (its ``--local-socket``).
+
+    Args:
+        socket_path: the node's local socket (default ``/tmp/kvnode-<instance>-<rank>.sock``).
+        timeout: seconds each request may take (a load with retrieve crosses the network).
+
+    Raises:
+        kvnode.Error: no node listens there (status ``not_found``), or the library is missing.
+        TypeError, ValueError: a bad argument, named.
+    """
+    if not isinstance(socket_path, (str, os.PathLike)):
+        raise TypeError(f"socket_path: expected a str path, got {type(socket_path).__name__}")
+    path = os.fspath(socket_path)
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"socket_path: expected a non-empty str path, got {socket_path!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout: expected seconds as a float, got {type(timeout).__name__}")
+    if not (timeout > 0 and math.isfinite(timeout)):
+        raise ValueError(f"timeout: expected positive finite seconds, got {timeout}")
+    lib = _lib.library()
+    params = _lib.ConnectParams(
+        field_mask=_lib.CONNECT_FIELD_TIMEOUT,
+        socket_path=path.encode(),
+        timeout_s=float(timeout),
+    )
+    handle = ctypes.c_void_p()
+    err = _lib.ErrorStruct()
+    _lib.check(lib.kvnode_connect(ctypes.byref(params), ctypes.byref(handle), ctypes.byref(err)),
+               err, "kvnode_connect")
+    return Client(_ClientState(handle.value), path)
+
+
+class Client:
+    """A connection to the node on this host; made by :func:`kvnode.connect`.
+
+    A context manager (``with kvnode.connect(path) as client:``) that closes on exit. Safe to
+    share between threads (calls are serialised); a process after ``fork()`` should connect anew.
+    """
+
+    def __init__(self, state: _ClientState, socket_path: str) -> None:
+        self._state = state
+        self.socket_path: str = socket_path
+        self._finalizer = weakref.finalize(self, state.close)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return f"<kvnode.Client {self.socket_path!r} {state}>"
+
+    @property
+    def closed(self) -> bool:
+        """True once close() ran."""
+        return self._state.handle is None
+
+    def close(self) -> None:
+        """Closes the connection and every KV cache registered through it (the node unmaps
+        them). Idempotent."""
+        self._finalizer()
+
+    def _handle(self, what: str) -> int:
+        handle = self._state.handle
+        if handle is None:
+            raise Error(f"{what}: the client is closed", "invalid", _lib.ERR_INVALID)
+        return handle
+
+    @property
+    def info(self) -> Dict[str, Any]:
+        """The node's shape: ``chunk_bytes`` (bytes per chunk, one pool page), ``chunk_size``
+        (tokens per chunk), ``pages`` (chunks the pool holds), ``memory`` ("host", "pinned" or
+        "device"), ``instance``, ``worker_id`` and ``location``."""
+        info = _lib.NodeInfo()
+        state = self._state
+        with state.lock:
+            handle = self._handle("Client.info")
+            code = _lib.library().kvnode_client_info(handle, ctypes.byref(info),
+                                                     ctypes.byref(state.err))
+            _lib.check(code, state.err, "kvnode_client_info")
+        return {
+            "chunk_bytes": info.chunk_bytes,
+            "chunk_size": info.chunk_size,
+            "pages": info.pages,
+            "memory": info.memory.decode(),
+            "instance": info.instance.decode(),
+            "worker_id": info.worker_id,
+            "location": info.location.decode(),
+        }
+
+    def lookup(self, tokens: Sequence[int]) -> int:
+        """Leading tokens of `tokens` whose chunks this node holds (whole chunks)."""
+        keep, ptr, n = as_tokens(tokens)
+        held = ctypes.c_size_t()
+        state = self._state
+        with state.lock:
+            handle = self._handle("lookup")
+            code = _lib.library().kvnode_lookup(handle, ptr, n, ctypes.byref(held),
+                                                ctypes.byref(state.err))
+            _lib.check(code, state.err, "kvnode_lookup")
+        del keep
+        return held.value
+
+    def register_kv_cache(self, layers: Sequence[Any], block_size: int,
+                          layout: str = "vllm") -> "KVCache":
+        """Registers an engine's paged KV cache with the node, which maps it once.
+
+        Args:
+            layers: one contiguous array per model layer, all of one shape and dtype: numpy
+                arrays from :func:`kvnode.host_array` (or views of one), or CUDA tensors (torch,
+                cupy, anything with ``__cuda_array_interface__`` or DLPack) in cudaMalloc memory.
+                For ``layout="sglang"``, one ``(k, v)`` pair per layer.
+            block_size: tokens per block (the engine's page size).
+            layout: ``"vllm"`` (``[2, num_blocks, block_size, num_kv_heads, head_size]``),
+                ``"flashinfer"`` (``[num_blocks, 2, block_size, num_kv_heads, head_size]``),
+                ``"mla"`` (``[num_blocks, block_size, head_size]``) or ``"sglang"``.
+
+        The node's chunk (``info["chunk_size"]`` tokens of every layer, K and V) must be exactly
+        its page (``info["chunk_bytes"]``); the node says so by name otherwise. The arrays must
+        outlive the registration (the KVCache keeps references to them).
+
+        Raises:
+            TypeError, ValueError: naming ``layers[i]``, ``block_size`` or ``layout``.
+            kvnode.Error: the node refused the registration (its message names the field).
+        """
+        if not isinstance(layout, str):
+            raise TypeError(f"layout: expected a str, got {type(layout).__name__}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout: {layout!r} is not one of {', '.join(map(repr, LAYOUTS))}")
+        block_size = positive_int(block_size, "block_size")
+        if block_size > 0xFFFFFFFF:
+            raise ValueError(f"block_size: {block_size} is too large")
+        self._handle("register_kv_cache")
+        reg = plan(layers, block_size, layout)
+        buffers = (_lib.KvBuffer * len(reg.buffers))(
+            *(_lib.KvBuffer(base, size, offset) for base, size, offset in reg.buffers)
+        )
+        allocations = (_lib.KvAllocation * len(reg.allocations))(*reg.allocations)
+        params = _lib.KvRegisterParams(
+            field_mask=_lib.KV_FIELD_KV_HEADS if layout != "mla" else 0,
+            preset=reg.preset,
+            num_blocks=reg.num_blocks,
+            block_size=reg.block_size,
+            kv_heads=reg.kv_heads,
+            head_size=reg.head_size,
+            elem_bytes=reg.elem_bytes,
+            layers=buffers,
+            num_layers=len(layers),
+            allocations=allocations,
+            num_allocations=len(reg.allocations),
+        )
+        handle = ctypes.c_void_p()
+        state = self._state
+        with state.lock:
+            client_handle = self._handle("register_kv_cache")
+            code = _lib.library().kvnode_kv_register(client_handle, ctypes.byref(params),
+                                                     ctypes.byref(handle), ctypes.byref(state.err))
+            _lib.check(code, state.err, "kvnode_kv_register")
+            cache_state = _CacheState(state, handle.value, [list(layers), reg.keep])
+            state.caches.add(cache_state)
+        return KVCache(self, cache_state, reg.num_blocks, block_size, layout, len(layers),
+                       reg.dtype, reg.device)
+
+
+class KVCache:
+    """An engine's KV cache registered with the node: store and load by block table.
+
+    Made by :meth:`Client.register_kv_cache`. A context manager that unregisters on exit.
+    ``tokens`` are the sequence's token ids (a list of ints or a 1-D integer array; an int64
+    numpy array passes without a copy); ``block_ids`` are its block table, one block id per
+    ``block_size`` tokens in order (more are ignored). Chunks are ``info["chunk_size"]`` tokens.
+
+    With CUDA tensors, the node's copies do not wait for work queued on the engine's streams:
+    synchronise (``torch.cuda.current_stream().synchronize()``) before a store, and before
+    reusing blocks a load writes; a store or load returns once its copies landed.
+    """
+
+    def __init__(self, client: Client, state: _CacheState, num_blocks: int, block_size: int,
+                 layout: str, num_layers: int, dtype: str, device: str) -> None:
+        self.client: Client = client  # kept alive by the cache
+        self.num_blocks: int = num_blocks
+        self.block_size: int = block_size
+        self.layout: str = layout
+        self.num_layers: int = num_layers
+        self.dtype: str = dtype
+        self.device: str = device  # "host" or "cuda"
+        self._state = state
+        self._finalizer = weakref.finalize(self, state.close)
+
+    def __enter__(self) -> "KVCache":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return (f"<kvnode.KVCache {self.layout} {self.num_layers} layers x {self.num_blocks} "
+                f"blocks of {self.block_size} ({self.dtype}, {self.device}) {state}>")
+
+    @property
+    def closed(self) -> bool:
+        """True once close() ran (or the client was closed)."""
+        return self._state.handle is None
+
+    def close(self) -> None:
+        """Unregisters the cache (the node unmaps it). Idempotent."""
+        self._finalizer()
+
+    def _transfer(self, store: bool, tokens: Any, block_ids: Any, retrieve: bool) -> int:
+        what = "KVCache.store" if store else "KVCache.load"
+        tok_keep, tok_ptr, ntok = as_tokens(tokens)
+        blk_keep, blk_ptr, nblk = as_block_ids(block_ids)
+        need = -(-ntok // self.block_size)
+        if nblk < need:
+            raise ValueError(
+                f"block_ids: {nblk} block ids for {ntok} tokens; block_size {self.block_size} "
+                f"needs {need}"
+            )
+        s = self._state
+        with s.client.lock:
+            handle = s.handle
+            if handle is None or s.client.handle is None:
+                raise Error(f"{what}: the KV cache is closed", "invalid", _lib.ERR_INVALID)
+            if ntok == 0:
+                return 0
+            p = s.params
+            p.field_mask = _lib.KV_XFER_FIELD_RETRIEVE if retrieve else 0
+            p.tokens = tok_ptr
+            p.num_tokens = ntok
+            p.block_ids = blk_ptr
+            p.num_block_ids = nblk
+            p.retrieve = 1 if retrieve else 0
+            lib = _lib.library()
+            fn = lib.kvnode_kv_store if store else lib.kvnode_kv_load
+            code = fn(handle, s.p_params, s.p_result, s.p_err)
+            if code != _lib.OK:
+                _lib.check(code, s.err, what)
+            done = s.result.tokens
+        del tok_keep, blk_keep
+        return done
+
+    def store(self, tokens: Sequence[int], block_ids: Sequence[int]) -> int:
+        """Copies the sequence's KV from its blocks into the node's pool, chunk by chunk.
+
+        Returns the tokens stored: the leading whole chunks that fit (a stored chunk is
+        committed once copied; chunks the node already holds count as stored).
+
+        Raises:
+            TypeError, ValueError: bad ``tokens`` or ``block_ids`` (too few for the tokens).
+            kvnode.Error: the node's refusal (``frozen`` during a full sync: ask again).
+        """
+        return self._transfer(True, tokens, block_ids, False)
+
+    def load(self, tokens: Sequence[int], block_ids: Sequence[int], retrieve: bool = False) -> int:
+        """Copies the sequence's stored leading chunks from the node into these blocks.
+
+        Args:
+            retrieve: first pull the chunks this node lacks from a peer node (P2P).
+
+        Returns the tokens loaded: the leading tokens now in the blocks.
+        """
+        return self._transfer(False, tokens, block_ids, bool(retrieve))
+
+    def lookup(self, tokens: Sequence[int]) -> int:
+        """Leading tokens of `tokens` whose chunks this node holds (as Client.lookup)."""
+        if self.closed:
+            raise Error("KVCache.lookup: the KV cache is closed", "invalid", _lib.ERR_INVALID)
+        return self.client.lookup(tokens)

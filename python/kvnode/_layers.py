@@ -1,0 +1,226 @@
+"""From an engine's per-layer KV tensors to kvnode_kv_register's parameters.
+
+Reads each layer (a numpy array over kvnode.host_array memory, or a CUDA tensor), checks that
+all are contiguous with one shape and dtype, infers the cache's shape from the layout, and finds
+the allocation each layer lies in (layers sharing one are registered once). Every refusal is a
+ValueError or TypeError naming the argument (``layers[3]``, ``block_size``, ``layout``).
+
+Layouts, per layer (the engine KV path's presets):
+
+- ``"vllm"``: ``[2, num_blocks, block_size, num_kv_heads, head_size]`` (FlashAttention; K at 0)
+- ``"flashinfer"``: ``[num_blocks, 2, block_size, num_kv_heads, head_size]``
+- ``"mla"``: ``[num_blocks, block_size, head_size]`` (one latent "head")
+- ``"sglang"``: a ``(k, v)`` pair per layer, each ``[num_blocks * block_size, num_kv_heads,
+  head_size]`` (MHATokenToKVPool's token slots; a block is block_size slots)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Sequence, Tuple
+
+from . import _lib
+from ._host import host_memory_of
+from ._view import ArrayView
+
+__all__ = ["LAYOUTS", "Registration", "plan"]
+
+LAYOUTS = {
+    "vllm": _lib.KV_VLLM,
+    "flashinfer": _lib.KV_FLASHINFER,
+    "mla": _lib.KV_MLA,
+    "sglang": _lib.KV_SGLANG,
+}
+_SHAPES = {
+    "vllm": "[2, num_blocks, block_size, num_kv_heads, head_size]",
+    "flashinfer": "[num_blocks, 2, block_size, num_kv_heads, head_size]",
+    "mla": "[num_blocks, block_size, head_size]",
+    "sglang": "[num_blocks * block_size, num_kv_heads, head_size] (K and V)",
+}
+_U32 = 0xFFFFFFFF
+
+
+@dataclass
+class Registration:
+    """kvnode_kv_register_params_t's contents, in Python values."""
+
+    preset: int
+    num_blocks: int
+    block_size: int
+    kv_heads: int
+    head_size: int
+    elem_bytes: int
+    dtype: str
+    device: str  # "host" or "cuda"
+    buffers: List[Tuple[int, int, int]] = field(default_factory=list)  # base, bytes, offset
+    allocations: List[_lib.KvAllocation] = field(default_factory=list)
+    keep: List[Any] = field(default_factory=list)  # HostMemory objects the registration needs
+
+
+def _host_view(obj: Any, name: str) -> ArrayView:
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(obj, np.ndarray):
+        dt = obj.dtype
+        if dt.hasobject or dt.fields is not None or dt.kind not in "fiuV":
+            raise TypeError(f"{name}: dtype {dt} is not a KV element type (float, int or bytes)")
+        return ArrayView(
+            ptr=obj.__array_interface__["data"][0],
+            shape=tuple(obj.shape),
+            strides=None if obj.flags.c_contiguous else tuple(obj.strides),
+            itemsize=dt.itemsize,
+            dtype=dt.name,
+        )
+    if type(obj).__module__.startswith("torch") and hasattr(obj, "data_ptr"):
+        size = obj.element_size()
+        return ArrayView(
+            ptr=obj.data_ptr(),
+            shape=tuple(obj.shape),
+            strides=tuple(s * size for s in obj.stride()),
+            itemsize=size,
+            dtype=str(obj.dtype).replace("torch.", ""),
+        )
+    raise TypeError(
+        f"{name}: expected a numpy array from kvnode.host_array or a CUDA tensor (torch, cupy, "
+        f"__cuda_array_interface__ or DLPack), got {type(obj).__name__}"
+    )
+
+
+def _view(obj: Any, name: str) -> Tuple[ArrayView, bool]:
+    """(view, is_cuda)."""
+    if not hasattr(obj, "__array_interface__") and (
+        hasattr(obj, "__cuda_array_interface__")
+        or hasattr(obj, "__dlpack_device__")
+        or getattr(obj, "is_cuda", False)
+    ):
+        from . import _cuda  # imported for CUDA arrays only
+
+        if _cuda.is_cuda_array(obj):
+            return _cuda.describe(obj), True
+    return _host_view(obj, name), False
+
+
+def _dims(shape: Tuple[int, ...], layout: str, block_size: int, name: str) -> Tuple[int, int, int]:
+    """(num_blocks, kv_heads, head_size) of one layer's shape under `layout`."""
+    want = _SHAPES[layout]
+    ndim = {"vllm": 5, "flashinfer": 5, "mla": 3, "sglang": 3}[layout]
+    if len(shape) != ndim:
+        raise ValueError(f"{name}: a {layout} layer is {want}; got shape {shape}")
+    if layout == "vllm":
+        two, num_blocks, bs, heads, head = shape
+    elif layout == "flashinfer":
+        num_blocks, two, bs, heads, head = shape
+    elif layout == "mla":
+        num_blocks, bs, head = shape
+        two, heads = 2, 1
+    else:
+        slots, heads, head = shape
+        two, bs = 2, block_size
+        if slots % block_size:
+            raise ValueError(
+                f"{name}: {slots} token slots are not whole blocks of block_size {block_size}"
+            )
+        num_blocks = slots // block_size
+    if two != 2:
+        raise ValueError(f"{name}: a {layout} layer is {want}; got shape {shape} (K and V: 2)")
+    if bs != block_size:
+        raise ValueError(
+            f"{name}: block_size is {block_size} but the layer's blocks hold {bs} tokens "
+            f"({layout}: {want}; shape {shape})"
+        )
+    if min(num_blocks, heads, head) <= 0 or max(num_blocks, heads, head) > _U32:
+        raise ValueError(f"{name}: shape {shape} has an empty or oversized dimension")
+    return num_blocks, heads, head
+
+
+def _tensors(layers: Sequence[Any], layout: str) -> List[Tuple[str, Any]]:
+    """(name, tensor) for every tensor of `layers` (SGLang: K and V of each layer)."""
+    if layout != "sglang":
+        return [(f"layers[{i}]", t) for i, t in enumerate(layers)]
+    out: List[Tuple[str, Any]] = []
+    for i, pair in enumerate(layers):
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise TypeError(f"layers[{i}]: an sglang layer is a (k, v) pair of tensors")
+        out += [(f"layers[{i}][0]", pair[0]), (f"layers[{i}][1]", pair[1])]
+    return out
+
+
+class _Allocations:
+    """The allocations a registration's layers lie in, each once (layers may share one)."""
+
+    def __init__(self, reg: Registration) -> None:
+        self.reg = reg
+        self.cuda: Dict[int, Any] = {}  # base -> _cuda.CudaAllocation
+        self.cuda_device: Any = None
+        self.first = ""
+
+    def add(self, name: str, view: ArrayView, on_cuda: bool) -> None:
+        """Appends the layer's buffer (base, bytes, offset), and its allocation if new."""
+        self.first = self.first or name
+        if on_cuda:
+            from . import _cuda
+
+            a = _cuda.allocation_of(view.ptr, name, self.cuda)
+            if self.cuda_device is None:
+                self.cuda_device = a.device
+            elif a.device != self.cuda_device:
+                raise ValueError(f"{name}: on CUDA device {a.device}, {self.first} on "
+                                 f"{self.cuda_device}: one node serves one GPU's cache")
+            base, nbytes = a.base, a.nbytes
+            if not any(x.base == base for x in self.reg.allocations):
+                alloc = _lib.KvAllocation(kind=_lib.MEMORY_CUDA_IPC, base=base, bytes=nbytes, fd=-1)
+                ctypes.memmove(alloc.ipc_handle, a.ipc_handle, len(a.ipc_handle))
+                self.reg.allocations.append(alloc)
+        else:
+            m = host_memory_of(view.ptr, view.nbytes)
+            if m is None:
+                raise ValueError(f"{name}: not in memory the node can map; allocate the KV cache "
+                                 "with kvnode.host_array()")
+            base, nbytes = m.base, m.nbytes
+            if not any(x.base == base for x in self.reg.allocations):
+                self.reg.allocations.append(_lib.KvAllocation(
+                    kind=_lib.MEMORY_HOST_FD, base=base, bytes=nbytes, fd=m.fd))
+                self.reg.keep.append(m)
+        self.reg.buffers.append((base, nbytes, view.ptr - base))
+
+
+def _same(name: str, view: ArrayView, on_cuda: bool, first: str, v0: ArrayView,
+          cuda0: bool) -> None:
+    """ValueError naming `name` when it differs from the first layer."""
+    where = {True: "cuda", False: "the host"}
+    if on_cuda != cuda0:
+        raise ValueError(f"{name}: on {where[on_cuda]}, but {first} is on {where[cuda0]}: all "
+                         "layers live in one place")
+    if view.shape != v0.shape:
+        raise ValueError(f"{name}: shape {view.shape} differs from {first}'s {v0.shape}")
+    if view.dtype != v0.dtype or view.itemsize != v0.itemsize:
+        raise ValueError(f"{name}: dtype {view.dtype} differs from {first}'s {v0.dtype}")
+
+
+def plan(layers: Sequence[Any], block_size: int, layout: str) -> Registration:
+    """Checks `layers` and finds their allocations; the registration to send."""
+    if isinstance(layers, (str, bytes)) or not isinstance(layers, Sequence):
+        raise TypeError(
+            f"layers: expected a list with one array per layer, got {type(layers).__name__}"
+        )
+    if len(layers) == 0:
+        raise ValueError("layers: empty; pass one array per model layer")
+    tensors = _tensors(layers, layout)
+    first_name = tensors[0][0]
+    v0, cuda0 = _view(tensors[0][1], first_name)
+    num_blocks, heads, head = _dims(v0.shape, layout, block_size, first_name)
+    reg = Registration(
+        preset=LAYOUTS[layout], num_blocks=num_blocks, block_size=block_size, kv_heads=heads,
+        head_size=head, elem_bytes=v0.itemsize, dtype=v0.dtype,
+        device="cuda" if cuda0 else "host",
+    )
+    allocations = _Allocations(reg)
+    for i, (name, tensor) in enumerate(tensors):
+        view, on_cuda = (v0, cuda0) if i == 0 else _view(tensor, name)
+        _same(name, view, on_cuda, first_name, v0, cuda0)
+        if not view.contiguous():
+            raise ValueError(f"{name}: not contiguous (shape {view.shape}, strides "
+                             f"{view.strides}); pass the cache's contiguous tensors")
+        allocations.add(name, view, on_cuda)
+    return reg

@@ -1,0 +1,234 @@
+"""The package itself: host_array, importing without the library, the in-tree wheel builder, and
+the examples (run against the test node; the README's copy kept identical)."""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+from kvnode_procs import ROOT
+
+import kvnode
+
+PYTHON_DIR = ROOT / "python"
+EXAMPLE = PYTHON_DIR / "examples" / "store_load.py"
+
+
+def child_env(**extra: str) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(PYTHON_DIR), env.get("PYTHONPATH", "")])
+    env.update(extra)
+    return env
+
+
+# ---- host_array ---------------------------------------------------------------------------------
+
+def test_host_array_is_zeroed_contiguous_and_writable():
+    a = kvnode.host_array((4, 3, 5), np.float16)
+    assert a.shape == (4, 3, 5) and a.dtype == np.float16
+    assert a.flags.c_contiguous and a.flags.writeable
+    assert not a.any()
+    a[...] = 2.5
+    assert (a == 2.5).all()
+    assert a.ctypes.data % 4096 == 0  # page-aligned: the node maps it
+    b = kvnode.host_array(7, "uint8")
+    assert b.shape == (7,)
+
+
+def test_host_array_memory_lives_as_long_as_a_view():
+    a = kvnode.host_array((1024, 1024), np.uint8)
+    view = a[512:]
+    view[...] = 7
+    del a
+    gc.collect()
+    assert (view == 7).all()  # still mapped: the view holds the memory
+
+
+def test_host_array_arguments():
+    with pytest.raises(ValueError, match="shape"):
+        kvnode.host_array((2, -1), np.float16)
+    with pytest.raises(ValueError, match="shape"):
+        kvnode.host_array((0, 8), np.float16)
+    with pytest.raises(TypeError, match="shape"):
+        kvnode.host_array("big", np.float16)
+    with pytest.raises(TypeError, match="dtype"):
+        kvnode.host_array((2,), object)
+    with pytest.raises(TypeError, match="dtype"):
+        kvnode.host_array((2,), "no-such-dtype")
+
+
+# ---- importing and finding the library ----------------------------------------------------------
+
+def test_import_needs_no_library_and_connect_says_where_it_looked():
+    code = (
+        "import kvnode\n"
+        "try:\n"
+        "    kvnode.connect('/tmp/x.sock')\n"
+        "except kvnode.Error as e:\n"
+        "    print(e.status, '|', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=child_env(KVNODE_CLIENT_LIB="/nonexistent/libkvnode_client.so"),
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("not_found |"), out.stdout
+    assert "/nonexistent/libkvnode_client.so" in out.stdout
+    assert "KVNODE_CLIENT_LIB" in out.stdout
+
+
+def test_a_copy_outside_the_tree_lists_every_place(tmp_path):
+    import ctypes.util
+
+    if ctypes.util.find_library("kvnode_client"):
+        pytest.skip("an installed libkvnode_client would be found")
+    shutil.copytree(PYTHON_DIR / "kvnode", tmp_path / "kvnode")
+    env = {k: v for k, v in os.environ.items() if k != "KVNODE_CLIENT_LIB"}
+    env["PYTHONPATH"] = str(tmp_path)
+    code = "import kvnode\ntry:\n    kvnode.host_array(4, 'uint8')\nexcept kvnode.Error as e:\n" \
+           "    print(e)\n"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    for place in ("$KVNODE_CLIENT_LIB (not set)", "find_library",
+                  "build/client/libkvnode_client.so"):
+        assert place in out.stdout, out.stdout
+
+
+STRUCTS = {  # ctypes mirror -> C type
+    "ErrorStruct": "kvnode_error_t",
+    "ConnectParams": "kvnode_connect_params_t",
+    "NodeInfo": "kvnode_node_info_t",
+    "KvAllocation": "kvnode_kv_allocation_t",
+    "KvBuffer": "kvnode_kv_buffer_t",
+    "KvRegisterParams": "kvnode_kv_register_params_t",
+    "KvTransferParams": "kvnode_kv_transfer_params_t",
+    "KvResult": "kvnode_kv_result_t",
+}
+
+
+CONSTANTS = {  # _lib's name -> the header's
+    "API_VERSION": "KVNODE_CLIENT_API_VERSION",
+    "OK": "KVNODE_OK",
+    "ERR_INVALID": "KVNODE_ERR_INVALID",
+    "ERR_NOT_FOUND": "KVNODE_ERR_NOT_FOUND",
+    "ERROR_MESSAGE_BYTES": "KVNODE_ERROR_MESSAGE_BYTES",
+    "NAME_BYTES": "KVNODE_NAME_BYTES",
+    "CONNECT_FIELD_TIMEOUT": "KVNODE_CONNECT_FIELD_TIMEOUT",
+    "CONNECT_FIELD_SHARED_MEMORY": "KVNODE_CONNECT_FIELD_SHARED_MEMORY",
+    "KV_FIELD_KV_HEADS": "KVNODE_KV_FIELD_KV_HEADS",
+    "KV_XFER_FIELD_RETRIEVE": "KVNODE_KV_XFER_FIELD_RETRIEVE",
+    "KV_XFER_FIELD_WAIT_EVENT": "KVNODE_KV_XFER_FIELD_WAIT_EVENT",
+    "KV_XFER_FIELD_DONE_EVENT": "KVNODE_KV_XFER_FIELD_DONE_EVENT",
+    "MEMORY_HOST_FD": "KVNODE_MEMORY_HOST_FD",
+    "MEMORY_CUDA_IPC": "KVNODE_MEMORY_CUDA_IPC",
+    "MEMORY_CUDA_VMM": "KVNODE_MEMORY_CUDA_VMM",
+    "KV_VLLM": "KVNODE_KV_VLLM",
+    "KV_FLASHINFER": "KVNODE_KV_FLASHINFER",
+    "KV_MLA": "KVNODE_KV_MLA",
+    "KV_SGLANG": "KVNODE_KV_SGLANG",
+}
+
+
+def test_the_structs_and_constants_match_the_header(tmp_path):
+    """Every struct's size, every field's offset and every constant, as a C99 compiler reads the
+    header; and the status names as the library spells them."""
+    import ctypes
+
+    from kvnode import _lib
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("no C compiler")
+    lines, want = [], []
+    for mirror, c_type in STRUCTS.items():
+        struct = getattr(_lib, mirror)
+        lines.append(f'  printf("%zu\\n", sizeof({c_type}));')
+        want.append(f"{c_type} size {ctypes.sizeof(struct)}")
+        for name, *_ in struct._fields_:
+            lines.append(f'  printf("%zu\\n", offsetof({c_type}, {name}));')
+            want.append(f"{c_type}.{name} at {getattr(struct, name).offset}")
+    for mirror, c_name in CONSTANTS.items():
+        lines.append(f'  printf("%lld\\n", (long long)({c_name}));')
+        want.append(f"{c_name} = {getattr(_lib, mirror)}")
+    source = tmp_path / "layout.c"
+    source.write_text("#include <stddef.h>\n#include <stdio.h>\n#include <kvnode/kvnode_client.h>\n"
+                      "int main(void) {\n" + "\n".join(lines) + "\n  return 0;\n}\n")
+    exe = tmp_path / "layout"
+    subprocess.run([cc, "-std=c99", "-Wall", "-Werror", "-I", str(ROOT / "client/include"),
+                    str(source), "-o", str(exe)], check=True, timeout=120)
+    got = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()
+    c_said = [re.sub(r"-?\d+$", value, line) for line, value in zip(want, got)]
+    assert c_said == want
+    lib = _lib.library()
+    for code, name in _lib.STATUS_NAMES.items():
+        assert lib.kvnode_status_string(code).decode() == name
+
+
+def test_the_header_and_the_bindings_name_the_same_functions():
+    header = (ROOT / "client/include/kvnode/kvnode_client.h").read_text()
+    declared = set(re.findall(r"\b(kvnode_[a-z_]+)\(", header))
+    from kvnode import _lib
+
+    assert declared == set(_lib._PROTOTYPES), declared ^ set(_lib._PROTOTYPES)
+
+
+# ---- packaging ----------------------------------------------------------------------------------
+
+def load_backend():
+    spec = importlib.util.spec_from_file_location(
+        "kvnode_build", PYTHON_DIR / "_build_backend" / "kvnode_build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_wheel_holds_the_package_and_imports(tmp_path):
+    backend = load_backend()
+    assert backend.get_requires_for_build_wheel() == []
+    cwd = os.getcwd()
+    os.chdir(PYTHON_DIR)
+    try:
+        name = backend.build_wheel(str(tmp_path))
+        sdist = backend.build_sdist(str(tmp_path))
+    finally:
+        os.chdir(cwd)
+    assert name == f"kvnode-{kvnode.__version__}-py3-none-any.whl"
+    with zipfile.ZipFile(tmp_path / name) as z:
+        names = set(z.namelist())
+        assert {"kvnode/__init__.py", "kvnode/_lib.py", "kvnode/_cuda.py"} <= names
+        info = f"kvnode-{kvnode.__version__}.dist-info"
+        assert {f"{info}/METADATA", f"{info}/WHEEL", f"{info}/RECORD"} <= names
+        assert "Name: kvnode" in z.read(f"{info}/METADATA").decode()
+        z.extractall(tmp_path / "site")
+    assert sdist.endswith(".tar.gz")
+    out = subprocess.run([sys.executable, "-c", "import kvnode, sys; print(kvnode.__file__)"],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path / "site")})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(str(tmp_path / "site"))
+
+
+# ---- examples -----------------------------------------------------------------------------------
+
+def test_the_readme_shows_the_example_as_it_is():
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("### From Python", 1)
+    assert len(section) == 2, "README.md has no 'From Python' section"
+    block = re.search(r"```python\n(.*?)```", section[1], re.DOTALL)
+    assert block, "the 'From Python' section has no python block"
+    assert block.group(1) == EXAMPLE.read_text()
+
+
+def test_the_example_runs_against_a_node(cluster):
+    out = subprocess.run([sys.executable, str(EXAMPLE), cluster.b.socket], capture_output=True,
+                         text=True, env=child_env(), timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.strip() == "stored 64 tokens, loaded 64 into blocks 40-43"
