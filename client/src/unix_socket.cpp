@@ -43,7 +43,8 @@ Error connect_error(const std::string& path, int err) {
                                                " (a directory on the way is closed to " +
                                                user_name(::geteuid()) + ")");
   if (stat_ok && !S_ISSOCK(st.st_mode))
-    return make_error(ErrorCode::kInvalid, path + " is not a socket (is --node the right path?)");
+    return make_error(ErrorCode::kInvalid,
+                      path + " is not a socket (is it the node's local socket path?)");
   if (err == EACCES || err == EPERM)
     return make_error(ErrorCode::kRefused,
                       "permission denied on " + path + " (the socket is owner-only: run as " +

@@ -1,6 +1,7 @@
 #include "kv_registration.hpp"
 
 #include <fcntl.h>
+#include <spdlog/spdlog.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 
@@ -52,9 +53,9 @@ Result<HostMapping> map_host(const UniqueFd& fd, std::size_t bytes, const std::s
                       name +
                           ": the memfd must be sealed against shrinking (F_SEAL_SHRINK; "
                           "kvnode::client::HostKvMemory does it)");
-  // Populated now: the engine's pages are faulted into this process at registration, not by the
-  // first store or load (2-4x slower on a fresh 4 KiB-page mapping of a large cache).
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
+  // Not populated here (this runs on the socket thread, and faulting in tens of GiB takes
+  // seconds): populate() does it on the KV executor, ahead of the first store or load.
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (p == MAP_FAILED)
     return make_error(ErrorCode::kNoRoom, name + ": mmap: " + std::strerror(errno));
   return HostMapping(static_cast<std::byte*>(p), bytes);
@@ -64,6 +65,7 @@ Result<HostMapping> map_host(const UniqueFd& fd, std::size_t bytes, const std::s
 
 struct KvRegistration::Mappings {
   std::vector<HostMapping> host;
+  std::vector<std::size_t> host_bytes;
   std::vector<gpu::HostRegistration> registered;
   std::vector<gpu::ImportedDeviceMemory> device;
 };
@@ -101,6 +103,7 @@ Result<std::shared_ptr<KvRegistration>> KvRegistration::map(const client::KvWire
       if (!m) return m.error();
       std::byte* host = m->data();
       reg->maps_->host.push_back(std::move(m).value());
+      reg->maps_->host_bytes.push_back(a.bytes);
       host_bases.push_back(host);
       kernel_bases.push_back(host);
       if (reg->uses_gpu_) {
@@ -145,6 +148,17 @@ Result<std::shared_ptr<KvRegistration>> KvRegistration::map(const client::KvWire
                           " bytes (start the node with the model's KV shape or --chunk-bytes " +
                           std::to_string(*chunk) + ")");
   return reg;
+}
+
+void KvRegistration::populate() const {
+  for (std::size_t i = 0; i < maps_->host.size(); ++i) {
+    // MADV_POPULATE_WRITE (Linux 5.14): the pages faulted in writable, as a store's copies need
+    // them; where the kernel lacks it the first copies take the faults instead.
+    if (::madvise(maps_->host[i].data(), maps_->host_bytes[i], MADV_POPULATE_WRITE) != 0 &&
+        errno != EINVAL)
+      spdlog::warn("KV registration: populating {} bytes: {}", maps_->host_bytes[i],
+                   std::strerror(errno));
+  }
 }
 
 }  // namespace kvnode::node::local

@@ -103,6 +103,11 @@ class LocalHandlers {
   protocol::Reply unregister_kv(ConnectionId from, std::uint64_t kv);
   Result<KvJob> kv_job(ConnectionId from, const protocol::Request& request) const;
   std::size_t kv_registrations() const { return registrations_.size(); }
+  // A registration of `from`'s, or null.
+  std::shared_ptr<KvRegistration> kv_registration(ConnectionId from, std::uint64_t kv) const {
+    const auto it = registrations_.find({from, kv});
+    return it == registrations_.end() ? nullptr : it->second;
+  }
 
   // Holds past hold_ttl end (their client died): slots back, writes dropped.
   void expire_holds();

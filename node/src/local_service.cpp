@@ -55,6 +55,10 @@ struct LocalService::Impl {
       case protocol::LocalOp::kRegisterKv: {
         const protocol::Reply r = handlers->register_kv(connection, *decoded, std::move(fds));
         kv_registrations = handlers->kv_registrations();
+        // Faulted in on the KV executor, ahead of this registration's first store or load (a
+        // full queue only leaves the faults to the first copies).
+        if (auto reg = r.ok ? handlers->kv_registration(connection, r.kv) : nullptr)
+          (void)kv_executor->submit([reg] { reg->populate(); });
         return answer(r);
       }
       case protocol::LocalOp::kUnregisterKv: {
