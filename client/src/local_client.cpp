@@ -125,8 +125,9 @@ struct LocalClient::Impl {
                                                   "): connect again");
     pool.reset();
     slots = 0;
-    info = NodeInfo{r.chunk_bytes, r.chunk_size, r.pages,     r.shm,
-                    r.location,    r.instance,   r.worker_id, r.memory};
+    info = NodeInfo{r.chunk_bytes, r.chunk_size, r.pages,
+                    r.shm,         r.location,   r.instance,
+                    r.worker_id,   r.memory,     r.save_unfull_chunk.value_or(true)};
     if (!options.use_shared_memory || r.shm.empty() || r.slots == 0) return {};
     Result<detail::SharedStaging> mapped =
         detail::SharedStaging::open(r.shm, r.slots * r.chunk_bytes);

@@ -192,6 +192,8 @@ std::vector<std::byte> encode(const Reply& r) {
   for (const auto& [key, value] : uints)
     if (*value != 0) m.add(key, [value](Packer& pk) { pk.pack(*value); });
   if (r.worker_id != 0) m.add("worker_id", [&r](Packer& pk) { pk.pack(r.worker_id); });
+  if (r.save_unfull_chunk)
+    m.add("save_unfull_chunk", [&r](Packer& pk) { pk.pack(*r.save_unfull_chunk); });
   const std::pair<const char*, const std::string*> strs[] = {{"shm", &r.shm},
                                                              {"location", &r.location},
                                                              {"instance", &r.instance},
@@ -287,6 +289,12 @@ Result<Reply> decode_reply(std::span<const std::byte> bytes) {
         if (key == "instance") return read_str(v, path, r.instance);
         if (key == "peer") return read_str(v, path, r.peer);
         if (key == "memory") return read_str(v, path, r.memory);
+        if (key == "save_unfull_chunk") {
+          bool b = false;
+          if (Status s = read_bool(v, path, b); !s) return s;
+          r.save_unfull_chunk = b;
+          return {};
+        }
         if (key == "offsets") return read_ints(v, path, r.offsets);
         if (key == "hashes") return read_ints(v, path, r.hashes);
         if (key == "data") return read_bin(v, path, r.data);

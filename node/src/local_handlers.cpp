@@ -112,6 +112,7 @@ Reply LocalHandlers::info() const {
   Reply r;
   r.chunk_bytes = pool.page_bytes();
   r.chunk_size = engine_.chunk_size();
+  r.save_unfull_chunk = engine_.save_unfull_chunk();
   r.pages = pool.page_count();
   r.slots = staging_ ? staging_->slot_count() : 0;
   r.shm = staging_ ? staging_->name() : "";

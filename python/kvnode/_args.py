@@ -15,6 +15,7 @@ from typing import Any, Tuple
 __all__ = ["as_block_ids", "as_tokens", "positive_int"]
 
 _SEQUENCES = (list, tuple, range)
+_INT64_MAX = 2**63 - 1
 
 
 def _numpy_array(value: Any, name: str) -> Any:
@@ -41,6 +42,12 @@ def _from_numpy(arr: Any, name: str, np_type: str, what: str) -> Tuple[Any, int,
     if arr.dtype != np_type or not arr.flags.c_contiguous:
         if np_type == "uint32" and arr.size and (arr.min() < 0 or arr.max() > 0xFFFFFFFF):
             raise ValueError(f"{name}: block ids are in [0, 2**32), got {arr.min()}..{arr.max()}")
+        # uint64 values past int64's range would wrap to negative ids: refused, as for a list
+        # (compared as a Python int: numpy compares uint64 with an int as float64).
+        if np_type == "int64" and arr.dtype.kind == "u" and arr.size:
+            top = int(arr.max())
+            if top > _INT64_MAX:
+                raise ValueError(f"{name}: {what} are int64, got {top} (2**63 or more)")
         arr = arr.astype(np_type, order="C")
     return arr, arr.ctypes.data, int(arr.shape[0])
 

@@ -4,15 +4,17 @@ Each wraps a C handle. The C API serves one call at a time per client, so a Clie
 around every call of its own and of its caches: threads may share them (ctypes releases the GIL
 during the call, so other Python threads run meanwhile). Closing a Client closes its caches
 first; handles left open are closed when their object is collected (weakref.finalize), caches
-before their client since a cache keeps its client alive. The per-call structs (parameters,
-result, error) are built once per object and reused under the lock: a store or load costs one
-ctypes call plus the argument conversion.
+before their client since a cache keeps its client alive. The lock is re-entrant: the cyclic GC
+may collect a KVCache, and run its finalizer, in the middle of one of its client's calls on the
+same thread (between two C calls, never during one), and that finalizer takes the lock again.
+The per-call structs (parameters, result, error) are built once per object and reused under the
+lock: a store or load costs one ctypes call plus the argument conversion.
 """
 
 from __future__ import annotations
 
 import ctypes
-import math
+import numbers
 import os
 import threading
 import weakref
@@ -25,13 +27,16 @@ from ._layers import LAYOUTS, plan
 
 __all__ = ["Client", "KVCache", "connect"]
 
+_MAX_TIMEOUT_S = 24.0 * 60 * 60  # kvnode_connect's bound: past a day a timeout is a mistake
+
 
 class _ClientState:
     """The C client handle and what its finalizer needs (never the Client itself)."""
 
     def __init__(self, handle: int) -> None:
         self.handle: Optional[int] = handle
-        self.lock = threading.Lock()
+        # Re-entrant: a finalizer may close a cache while this thread holds it (module docstring).
+        self.lock = threading.RLock()
         self.caches: "weakref.WeakSet[_CacheState]" = weakref.WeakSet()
         self.err = _lib.ErrorStruct()
 
@@ -39,9 +44,9 @@ class _ClientState:
         with self.lock:
             for cache in list(self.caches):
                 cache.close_locked()
-            if self.handle is not None:
-                _lib.library().kvnode_client_close(self.handle)
-                self.handle = None
+            handle, self.handle = self.handle, None  # cleared first: a re-entrant close skips it
+            if handle is not None:
+                _lib.library().kvnode_client_close(handle)
 
 
 class _CacheState:
@@ -52,16 +57,16 @@ class _CacheState:
         self.handle: Optional[int] = handle
         self.keep = keep
         self.params = _lib.KvTransferParams()
-        self.result = _lib.KvResult()
+        self.result = _lib.KvResult(field_mask=_lib.KV_RESULT_FIELD_TOKENS)  # all we read
         self.err = _lib.ErrorStruct()
         self.p_params = ctypes.pointer(self.params)
         self.p_result = ctypes.pointer(self.result)
         self.p_err = ctypes.pointer(self.err)
 
     def close_locked(self) -> None:  # the client's lock is held
-        if self.handle is not None:
-            _lib.library().kvnode_kv_close(self.handle)
-            self.handle = None
+        handle, self.handle = self.handle, None  # cleared first: a re-entrant close skips it
+        if handle is not None:
+            _lib.library().kvnode_kv_close(handle)
             self.keep = []
         self.client.caches.discard(self)
 
@@ -74,33 +79,58 @@ def connect(socket_path: Union[str, "os.PathLike[str]"], timeout: float = 15.0) 
     """Connects to the kvnode serving this host at `socket_path` (its ``--local-socket``).
 
     Args:
-        socket_path: the node's local socket (default ``/tmp/kvnode-<instance>-<rank>.sock``).
-        timeout: seconds each request may take (a load with retrieve crosses the network).
+        socket_path: the node's local socket (default ``/tmp/kvnode-<instance>-<rank>.sock``):
+            a str or an ``os.PathLike`` giving one (encoded with ``os.fsencode``, so a path
+            that is not UTF-8 passes as the file system spells it).
+        timeout: seconds each request may take, > 0 and at most a day (a load with retrieve
+            crosses the network); any real number (``numpy.float32`` too).
 
     Raises:
         kvnode.Error: no node listens there (status ``not_found``), or the library is missing.
         TypeError, ValueError: a bad argument, named.
     """
-    if not isinstance(socket_path, (str, os.PathLike)):
-        raise TypeError(f"socket_path: expected a str path, got {type(socket_path).__name__}")
-    path = os.fspath(socket_path)
-    if not isinstance(path, str) or not path:
-        raise ValueError(f"socket_path: expected a non-empty str path, got {socket_path!r}")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"timeout: expected seconds as a float, got {type(timeout).__name__}")
-    if not (timeout > 0 and math.isfinite(timeout)):
-        raise ValueError(f"timeout: expected positive finite seconds, got {timeout}")
+    path = _socket_path(socket_path)
+    seconds = _timeout(timeout)
     lib = _lib.library()
     params = _lib.ConnectParams(
         field_mask=_lib.CONNECT_FIELD_TIMEOUT,
-        socket_path=path.encode(),
-        timeout_s=float(timeout),
+        socket_path=os.fsencode(path),
+        timeout_s=seconds,
     )
     handle = ctypes.c_void_p()
     err = _lib.ErrorStruct()
     _lib.check(lib.kvnode_connect(ctypes.byref(params), ctypes.byref(handle), ctypes.byref(err)),
                err, "kvnode_connect")
     return Client(_ClientState(handle.value), path)
+
+
+def _socket_path(socket_path: Any) -> str:
+    """connect's socket_path as a str; TypeError or ValueError naming it."""
+    if not isinstance(socket_path, (str, os.PathLike)):
+        raise TypeError(f"socket_path: expected a str path, got {type(socket_path).__name__}")
+    path = os.fspath(socket_path)
+    if not isinstance(path, str):  # a PathLike of bytes
+        raise TypeError(f"socket_path: expected a str path, {type(socket_path).__name__} gives "
+                        f"{type(path).__name__}")
+    if not path:
+        raise ValueError("socket_path: expected a non-empty path")
+    if "\0" in path:
+        raise ValueError(f"socket_path: {path!r} holds a NUL character")
+    return path
+
+
+def _timeout(timeout: Any) -> float:
+    """connect's timeout in seconds, as the C library bounds it; TypeError or ValueError."""
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(f"timeout: expected seconds as a real number, got {type(timeout).__name__}")
+    try:
+        seconds = float(timeout)
+    except OverflowError:  # an int past float's range
+        seconds = float("inf")
+    if not (0 < seconds <= _MAX_TIMEOUT_S):  # also refuses NaN
+        raise ValueError(f"timeout: expected seconds > 0 and at most a day ({_MAX_TIMEOUT_S:g}), "
+                         f"got {timeout}")
+    return seconds
 
 
 class Client:
@@ -144,9 +174,11 @@ class Client:
     @property
     def info(self) -> Dict[str, Any]:
         """The node's shape: ``chunk_bytes`` (bytes per chunk, one pool page), ``chunk_size``
-        (tokens per chunk), ``pages`` (chunks the pool holds), ``memory`` ("host", "pinned" or
+        (tokens per chunk), ``save_unfull_chunk`` (True: a sequence's last partial chunk is a
+        chunk of its own, stored, loaded and looked up as LMCache does by default; False: only
+        whole chunks), ``pages`` (chunks the pool holds), ``memory`` ("host", "pinned" or
         "device"), ``instance``, ``worker_id`` and ``location``."""
-        info = _lib.NodeInfo()
+        info = _lib.NodeInfo(field_mask=_lib.NODE_INFO_FIELDS_ALL)
         state = self._state
         with state.lock:
             handle = self._handle("Client.info")
@@ -156,15 +188,22 @@ class Client:
         return {
             "chunk_bytes": info.chunk_bytes,
             "chunk_size": info.chunk_size,
+            "save_unfull_chunk": bool(info.save_unfull_chunk),
             "pages": info.pages,
-            "memory": info.memory.decode(),
-            "instance": info.instance.decode(),
+            "memory": info.memory.decode("utf-8", "replace"),
+            "instance": info.instance.decode("utf-8", "replace"),
             "worker_id": info.worker_id,
-            "location": info.location.decode(),
+            "location": info.location.decode("utf-8", "replace"),
         }
 
     def lookup(self, tokens: Sequence[int]) -> int:
-        """Leading tokens of `tokens` whose chunks this node holds (whole chunks)."""
+        """Leading tokens of `tokens` whose chunks this node holds.
+
+        Chunks are ``info["chunk_size"]`` tokens; when ``info["save_unfull_chunk"]`` (the node
+        hashes as LMCache does by default) a last partial chunk is a chunk too, so 40 tokens
+        stored in 16-token chunks are 40 held (and their first 36 only 32: another partial
+        chunk, another hash); without it only whole chunks count (32).
+        """
         keep, ptr, n = as_tokens(tokens)
         held = ctypes.c_size_t()
         state = self._state
@@ -212,7 +251,7 @@ class Client:
         )
         allocations = (_lib.KvAllocation * len(reg.allocations))(*reg.allocations)
         params = _lib.KvRegisterParams(
-            field_mask=_lib.KV_FIELD_KV_HEADS if layout != "mla" else 0,
+            field_mask=0,  # no optional field
             preset=reg.preset,
             num_blocks=reg.num_blocks,
             block_size=reg.block_size,
@@ -243,7 +282,8 @@ class KVCache:
     Made by :meth:`Client.register_kv_cache`. A context manager that unregisters on exit.
     ``tokens`` are the sequence's token ids (a list of ints or a 1-D integer array; an int64
     numpy array passes without a copy); ``block_ids`` are its block table, one block id per
-    ``block_size`` tokens in order (more are ignored). Chunks are ``info["chunk_size"]`` tokens.
+    ``block_size`` tokens in order (more are ignored). Chunks are ``info["chunk_size"]`` tokens,
+    and a last partial chunk is one too when ``info["save_unfull_chunk"]`` (LMCache's default).
 
     With CUDA tensors, the node's copies do not wait for work queued on the engine's streams:
     synchronise (``torch.cuda.current_stream().synchronize()``) before a store, and before
@@ -318,8 +358,10 @@ class KVCache:
     def store(self, tokens: Sequence[int], block_ids: Sequence[int]) -> int:
         """Copies the sequence's KV from its blocks into the node's pool, chunk by chunk.
 
-        Returns the tokens stored: the leading whole chunks that fit (a stored chunk is
-        committed once copied; chunks the node already holds count as stored).
+        Returns the tokens stored: those of the leading chunks that fit (a stored chunk is
+        committed once copied; chunks the node already holds count as stored). With
+        ``client.info["save_unfull_chunk"]`` (LMCache's default) a last partial chunk is stored
+        too: 40 tokens in 16-token chunks answer 40 when all fit; without it, 32.
 
         Raises:
             TypeError, ValueError: bad ``tokens`` or ``block_ids`` (too few for the tokens).
@@ -333,7 +375,8 @@ class KVCache:
         Args:
             retrieve: first pull the chunks this node lacks from a peer node (P2P).
 
-        Returns the tokens loaded: the leading tokens now in the blocks.
+        Returns the tokens loaded: the leading tokens now in the blocks (those of the leading
+        chunks the node holds, a last partial one included as for :meth:`store`).
         """
         return self._transfer(False, tokens, block_ids, bool(retrieve))
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import math
 import operator
+import sys
 import weakref
 from typing import Any, Optional, Sequence, Tuple, Union
 
@@ -85,6 +86,8 @@ def host_array(shape: Union[int, Sequence[int]], dtype: Any) -> Any:
     nbytes = count * dt.itemsize
     if nbytes == 0:
         raise ValueError(f"shape: {dims} of {dt} holds no bytes")
+    if nbytes > sys.maxsize:  # numpy's bound on an array's bytes (and past size_t's half)
+        raise ValueError(f"shape: {dims} of {dt} is {nbytes} bytes, more than an array holds")
     memory = HostMemory(nbytes, "kvnode-python")
     buffer = (ctypes.c_uint8 * memory.nbytes).from_address(memory.base)
     setattr(buffer, _MEMORY_ATTR, memory)  # the buffer keeps the memory; arrays keep the buffer

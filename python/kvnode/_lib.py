@@ -79,10 +79,23 @@ CUDA_IPC_HANDLE_BYTES = 64
 # field_mask bits
 CONNECT_FIELD_TIMEOUT = 1 << 0
 CONNECT_FIELD_SHARED_MEMORY = 1 << 1
-KV_FIELD_KV_HEADS = 1 << 0
 KV_XFER_FIELD_RETRIEVE = 1 << 0
 KV_XFER_FIELD_WAIT_EVENT = 1 << 1
 KV_XFER_FIELD_DONE_EVENT = 1 << 2
+NODE_INFO_FIELD_CHUNK_BYTES = 1 << 0
+NODE_INFO_FIELD_CHUNK_SIZE = 1 << 1
+NODE_INFO_FIELD_PAGES = 1 << 2
+NODE_INFO_FIELD_WORKER_ID = 1 << 3
+NODE_INFO_FIELD_MEMORY = 1 << 4
+NODE_INFO_FIELD_INSTANCE = 1 << 5
+NODE_INFO_FIELD_LOCATION = 1 << 6
+NODE_INFO_FIELD_SAVE_UNFULL_CHUNK = 1 << 7
+NODE_INFO_FIELDS_ALL = (1 << 8) - 1  # KVNODE_NODE_INFO_FIELDS_ALL
+KV_RESULT_FIELD_CHUNKS = 1 << 0
+KV_RESULT_FIELD_TOKENS = 1 << 1
+KV_RESULT_FIELD_PULLED = 1 << 2
+KV_RESULT_FIELDS_ALL = (1 << 3) - 1  # KVNODE_KV_RESULT_FIELDS_ALL
+RESERVED_WORDS = 4  # the reserved words ending kvnode_kv_buffer_t and kvnode_kv_allocation_t
 
 # kvnode_memory_kind_t
 MEMORY_HOST_FD = 0
@@ -117,6 +130,7 @@ class NodeInfo(Structure):
     """kvnode_node_info_t"""
 
     _fields_ = [
+        ("field_mask", c_uint64),  # the fields to fill (NODE_INFO_FIELD_*)
         ("chunk_bytes", c_uint64),
         ("chunk_size", c_uint64),
         ("pages", c_uint64),
@@ -124,6 +138,7 @@ class NodeInfo(Structure):
         ("memory", c_char * 16),
         ("instance", c_char * NAME_BYTES),
         ("location", c_char * NAME_BYTES),
+        ("save_unfull_chunk", c_int),
     ]
 
 
@@ -136,13 +151,19 @@ class KvAllocation(Structure):
         ("bytes", c_size_t),
         ("fd", c_int),
         ("ipc_handle", c_uint8 * CUDA_IPC_HANDLE_BYTES),
+        ("reserved", c_uint64 * RESERVED_WORDS),  # zero
     ]
 
 
 class KvBuffer(Structure):
     """kvnode_kv_buffer_t"""
 
-    _fields_ = [("base", c_void_p), ("bytes", c_size_t), ("offset", c_size_t)]
+    _fields_ = [
+        ("base", c_void_p),
+        ("bytes", c_size_t),
+        ("offset", c_size_t),
+        ("reserved", c_uint64 * RESERVED_WORDS),  # zero
+    ]
 
 
 class KvRegisterParams(Structure):
@@ -181,7 +202,12 @@ class KvTransferParams(Structure):
 class KvResult(Structure):
     """kvnode_kv_result_t"""
 
-    _fields_ = [("chunks", c_uint64), ("tokens", c_uint64), ("pulled", c_uint64)]
+    _fields_ = [
+        ("field_mask", c_uint64),  # the fields to fill (KV_RESULT_FIELD_*)
+        ("chunks", c_uint64),
+        ("tokens", c_uint64),
+        ("pulled", c_uint64),
+    ]
 
 
 _PROTOTYPES = {

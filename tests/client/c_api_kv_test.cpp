@@ -1,7 +1,8 @@
 // The C API (kvnode_client.h, libkvnode_client.so) against a real kvnode process: node info,
 // host memory the node maps, a vLLM-preset cache registered in it, stored and loaded by block
 // table (the loaded blocks' bytes checked against the stored ones), lookup, the node's errors
-// with their status and message, and a cache whose client was closed first.
+// with their status and message, and a cache whose client was closed first. The output structs
+// get only the fields their mask asks for; array elements' reserved words must be zero.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -86,6 +87,15 @@ struct ClientCloser {
 };
 using Client = std::unique_ptr<kvnode_client_t, ClientCloser>;
 
+// A layer's buffer, its reserved words zero.
+kvnode_kv_buffer_t buffer(void* base, std::size_t bytes, std::size_t offset) {
+  kvnode_kv_buffer_t b{};
+  b.base = base;
+  b.bytes = bytes;
+  b.offset = offset;
+  return b;
+}
+
 // The cache's K (kv 0) or V (kv 1) block `block` of `layer`, in vLLM's layout.
 std::byte* block_at(void* base, std::uint32_t layer, int kv, std::uint32_t block) {
   return static_cast<std::byte*>(base) + layer * kLayerBytes + (kv * kBlocks + block) * kBlockBytes;
@@ -98,12 +108,14 @@ TEST(CApiAgainstKvnode, InfoRegisterStoreLoadAndLookupByBlockTable) {
   kvnode_error_t err{};
   kvnode_node_info_t info;
   std::memset(&info, 'Z', sizeof info);
+  info.field_mask = KVNODE_NODE_INFO_FIELDS_ALL;
   ASSERT_EQ(kvnode_client_info(client.get(), &info, &err), KVNODE_OK) << err.message;
   EXPECT_EQ(info.chunk_bytes, kChunkBytes);
   EXPECT_EQ(info.chunk_size, kChunkTokens);
   EXPECT_GT(info.pages, 0u);
   EXPECT_STREQ(info.memory, "host");
   EXPECT_EQ(info.instance, node.instance());
+  EXPECT_EQ(info.save_unfull_chunk, 1) << "the node hashes as LMCache does by default";
   EXPECT_EQ(kvnode_client_info(client.get(), nullptr, &err), KVNODE_ERR_INVALID);
 
   // The cache: 4 layers of [2, 32 blocks, 16, 2, 128] bf16 in one memfd, bytes a pattern.
@@ -123,7 +135,7 @@ TEST(CApiAgainstKvnode, InfoRegisterStoreLoadAndLookupByBlockTable) {
 
   std::vector<kvnode_kv_buffer_t> layers(kLayers);
   for (std::uint32_t l = 0; l < kLayers; ++l)
-    layers[l] = {base, kLayers * kLayerBytes, l * kLayerBytes};
+    layers[l] = buffer(base, kLayers * kLayerBytes, l * kLayerBytes);
   kvnode_kv_allocation_t shared{};
   shared.kind = KVNODE_MEMORY_HOST_FD;
   shared.base = base;
@@ -156,6 +168,7 @@ TEST(CApiAgainstKvnode, InfoRegisterStoreLoadAndLookupByBlockTable) {
   t.block_ids = stored_in.data();
   t.num_block_ids = stored_in.size();
   kvnode_kv_result_t r{};
+  r.field_mask = KVNODE_KV_RESULT_FIELDS_ALL;
   ASSERT_EQ(kvnode_kv_store(cache, &t, &r, &err), KVNODE_OK) << err.message;
   EXPECT_EQ(r.chunks, 4u);
   EXPECT_EQ(r.tokens, tokens.size());
@@ -202,6 +215,180 @@ TEST(CApiAgainstKvnode, InfoRegisterStoreLoadAndLookupByBlockTable) {
   EXPECT_EQ(kvnode_kv_store(cache, &t, &r, &err), KVNODE_ERR_NOT_FOUND);
   EXPECT_NE(std::string(err.message).find("is closed"), std::string::npos) << err.message;
   kvnode_kv_close(cache);
+}
+
+// A vLLM-preset cache of kLayers layers in one memfd: what kvnode_kv_register needs.
+struct HostCache {
+  HostCache() {
+    kvnode_host_memory_t* m = nullptr;
+    kvnode_error_t err{};
+    EXPECT_EQ(kvnode_host_memory_create(kLayers * kLayerBytes, "c-api-test", &m, &err), KVNODE_OK)
+        << err.message;
+    memory.reset(m);
+    void* base = kvnode_host_memory_data(m);
+    for (std::uint32_t l = 0; l < kLayers; ++l)
+      layers.push_back(buffer(base, kLayers * kLayerBytes, l * kLayerBytes));
+    allocation.kind = KVNODE_MEMORY_HOST_FD;
+    allocation.base = base;
+    allocation.bytes = kLayers * kLayerBytes;
+    allocation.fd = kvnode_host_memory_fd(m);
+    params.preset = KVNODE_KV_VLLM;
+    params.num_blocks = kBlocks;
+    params.block_size = kChunkTokens;
+    params.kv_heads = kHeads;
+    params.head_size = kHeadSize;
+    params.elem_bytes = kElem;
+    params.layers = layers.data();
+    params.num_layers = kLayers;
+    params.allocations = &allocation;
+    params.num_allocations = 1;
+  }
+  std::unique_ptr<kvnode_host_memory_t, void (*)(kvnode_host_memory_t*)> memory{
+      nullptr, kvnode_host_memory_free};
+  std::vector<kvnode_kv_buffer_t> layers;
+  kvnode_kv_allocation_t allocation{};
+  kvnode_kv_register_params_t params{};
+};
+
+struct CacheCloser {
+  void operator()(kvnode_kv_cache_t* c) const { kvnode_kv_close(c); }
+};
+using Cache = std::unique_ptr<kvnode_kv_cache_t, CacheCloser>;
+
+template <class T>
+bool same_bytes(const T& a, const T& b) {
+  return std::memcmp(&a, &b, sizeof(T)) == 0;
+}
+
+TEST(CApiAgainstKvnode, OutputStructsGetTheFieldsTheirMaskAsksForAndNoOtherByte) {
+  Node node("masks");
+  Client client(node.connect());
+  ASSERT_TRUE(client);
+  kvnode_error_t err{};
+  kvnode_node_info_t info, want;
+  std::memset(&info, 'Z', sizeof info);  // padding included: no byte may change but those asked
+  info.field_mask = KVNODE_NODE_INFO_FIELD_CHUNK_SIZE | KVNODE_NODE_INFO_FIELD_SAVE_UNFULL_CHUNK;
+  std::memcpy(&want, &info, sizeof info);
+  want.chunk_size = kChunkTokens;
+  want.save_unfull_chunk = 1;
+  ASSERT_EQ(kvnode_client_info(client.get(), &info, &err), KVNODE_OK) << err.message;
+  EXPECT_TRUE(same_bytes(info, want));
+  info.field_mask = 0;  // nothing asked, nothing written
+  std::memcpy(&want, &info, sizeof info);
+  EXPECT_EQ(kvnode_client_info(client.get(), &info, &err), KVNODE_OK);
+  EXPECT_TRUE(same_bytes(info, want));
+  info.field_mask = KVNODE_NODE_INFO_FIELDS_ALL | (1ull << 40);  // a field of a newer header
+  std::memcpy(&want, &info, sizeof info);
+  EXPECT_EQ(kvnode_client_info(client.get(), &info, &err), KVNODE_ERR_INVALID);
+  EXPECT_NE(
+      std::string(err.message).find("kvnode_client_info: info->field_mask: bits 0x10000000000"),
+      std::string::npos)
+      << err.message;
+  EXPECT_TRUE(same_bytes(info, want)) << "a refused call writes nothing";
+
+  HostCache host;
+  kvnode_kv_cache_t* raw = nullptr;
+  ASSERT_EQ(kvnode_kv_register(client.get(), &host.params, &raw, &err), KVNODE_OK) << err.message;
+  Cache cache(raw);
+  std::vector<std::int64_t> tokens(2 * kChunkTokens);
+  std::iota(tokens.begin(), tokens.end(), 5000);
+  const std::uint32_t blocks[] = {1, 2};
+  kvnode_kv_transfer_params_t t{};
+  t.tokens = tokens.data();
+  t.num_tokens = tokens.size();
+  t.block_ids = blocks;
+  t.num_block_ids = 2;
+  kvnode_kv_result_t r, r_want;
+  std::memset(&r, 'Z', sizeof r);
+  r.field_mask = KVNODE_KV_RESULT_FIELD_TOKENS;
+  std::memcpy(&r_want, &r, sizeof r);
+  r_want.tokens = tokens.size();
+  ASSERT_EQ(kvnode_kv_store(cache.get(), &t, &r, &err), KVNODE_OK) << err.message;
+  EXPECT_TRUE(same_bytes(r, r_want));
+  EXPECT_EQ(r.tokens, tokens.size());
+  // A failed call zeroes the fields asked for, and no other.
+  const std::uint32_t out_of_range[] = {1, kBlocks};
+  t.block_ids = out_of_range;
+  r_want.tokens = 0;
+  EXPECT_EQ(kvnode_kv_load(cache.get(), &t, &r, &err), KVNODE_ERR_INVALID);
+  EXPECT_TRUE(same_bytes(r, r_want));
+  // An unknown bit: refused before anything is sent, nothing written.
+  t.block_ids = blocks;
+  std::vector<std::int64_t> fresh(kChunkTokens);
+  std::iota(fresh.begin(), fresh.end(), 9000);
+  t.tokens = fresh.data();
+  t.num_tokens = fresh.size();
+  r.field_mask = KVNODE_KV_RESULT_FIELDS_ALL | (1ull << 3);
+  std::memcpy(&r_want, &r, sizeof r);
+  EXPECT_EQ(kvnode_kv_store(cache.get(), &t, &r, &err), KVNODE_ERR_INVALID);
+  EXPECT_NE(std::string(err.message).find("kvnode_kv_store: result->field_mask: bits 0x8"),
+            std::string::npos)
+      << err.message;
+  EXPECT_TRUE(same_bytes(r, r_want));
+  std::size_t held = 1;
+  ASSERT_EQ(kvnode_lookup(client.get(), fresh.data(), fresh.size(), &held, &err), KVNODE_OK);
+  EXPECT_EQ(held, 0u) << "the refused store sent nothing";
+  EXPECT_EQ(kvnode_kv_store(cache.get(), &t, nullptr, &err), KVNODE_OK) << "result may be NULL";
+}
+
+TEST(CApiAgainstKvnode, ArrayElementsReservedWordsMustBeZero) {
+  Node node("reserved");
+  Client client(node.connect());
+  ASSERT_TRUE(client);
+  kvnode_error_t err{};
+  HostCache host;
+  kvnode_kv_cache_t* cache = nullptr;
+  host.layers[1].reserved[2] = 1;
+  EXPECT_EQ(kvnode_kv_register(client.get(), &host.params, &cache, &err), KVNODE_ERR_INVALID);
+  EXPECT_NE(std::string(err.message).find("params->layers[1].reserved: must be zero"),
+            std::string::npos)
+      << err.message;
+  host.layers[1].reserved[2] = 0;
+  host.allocation.reserved[3] = 7;
+  EXPECT_EQ(kvnode_kv_register(client.get(), &host.params, &cache, &err), KVNODE_ERR_INVALID);
+  EXPECT_NE(std::string(err.message).find("params->allocations[0].reserved: must be zero"),
+            std::string::npos)
+      << err.message;
+  host.allocation.reserved[3] = 0;
+  host.params.field_mask = 1;  // no optional field: every bit is unknown
+  EXPECT_EQ(kvnode_kv_register(client.get(), &host.params, &cache, &err), KVNODE_ERR_INVALID);
+  EXPECT_NE(std::string(err.message).find("params->field_mask: bits 0x1 "), std::string::npos)
+      << err.message;
+  EXPECT_EQ(cache, nullptr);
+  host.params.field_mask = 0;
+  ASSERT_EQ(kvnode_kv_register(client.get(), &host.params, &cache, &err), KVNODE_OK) << err.message;
+  kvnode_kv_close(cache);
+}
+
+TEST(CApiAgainstKvnode, ALastPartialChunkIsStoredAndCountedAsTheNodeSays) {
+  Node node("unfull");
+  Client client(node.connect());
+  ASSERT_TRUE(client);
+  kvnode_error_t err{};
+  kvnode_node_info_t info{};
+  info.field_mask = KVNODE_NODE_INFO_FIELD_SAVE_UNFULL_CHUNK;
+  ASSERT_EQ(kvnode_client_info(client.get(), &info, &err), KVNODE_OK) << err.message;
+  ASSERT_EQ(info.save_unfull_chunk, 1);
+  HostCache host;
+  kvnode_kv_cache_t* raw = nullptr;
+  ASSERT_EQ(kvnode_kv_register(client.get(), &host.params, &raw, &err), KVNODE_OK) << err.message;
+  Cache cache(raw);
+  std::vector<std::int64_t> tokens(2 * kChunkTokens + 8);  // 40: 2 whole chunks and 8 tokens
+  std::iota(tokens.begin(), tokens.end(), 7000);
+  const std::uint32_t blocks[] = {4, 5, 6};
+  kvnode_kv_transfer_params_t t{};
+  t.tokens = tokens.data();
+  t.num_tokens = tokens.size();
+  t.block_ids = blocks;
+  t.num_block_ids = 3;
+  kvnode_kv_result_t r{};
+  r.field_mask = KVNODE_KV_RESULT_FIELDS_ALL;
+  ASSERT_EQ(kvnode_kv_store(cache.get(), &t, &r, &err), KVNODE_OK) << err.message;
+  EXPECT_EQ(r.chunks, 3u);
+  EXPECT_EQ(r.tokens, 40u);
+  std::size_t held = 0;
+  ASSERT_EQ(kvnode_lookup(client.get(), tokens.data(), tokens.size(), &held, &err), KVNODE_OK);
+  EXPECT_EQ(held, 40u);
 }
 
 }  // namespace

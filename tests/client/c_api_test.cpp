@@ -168,9 +168,18 @@ TEST(CApiHandles, NullHandlesAreFine) {
   EXPECT_EQ(kvnode_client_info(nullptr, &info, &err), KVNODE_ERR_INVALID);
   EXPECT_EQ(kvnode_lookup(nullptr, nullptr, 0, &held, &err), KVNODE_ERR_INVALID);
   kvnode_kv_transfer_params_t t{};
-  kvnode_kv_result_t r{1, 1, 1};
+  kvnode_kv_result_t r{};
+  r.field_mask = KVNODE_KV_RESULT_FIELD_CHUNKS;
+  r.chunks = r.tokens = 1;
   EXPECT_EQ(kvnode_kv_store(nullptr, &t, &r, &err), KVNODE_ERR_INVALID);
   EXPECT_EQ(r.chunks, 0u);
+  EXPECT_EQ(r.tokens, 1u) << "not asked for: not written";
+  r.field_mask = 1u << 5;  // a field of a newer header: refused, nothing written
+  EXPECT_EQ(kvnode_kv_load(nullptr, &t, &r, &err), KVNODE_ERR_INVALID);
+  EXPECT_NE(std::string(err.message).find("kvnode_kv_load: result->field_mask: bits 0x20"),
+            std::string::npos)
+      << err.message;
+  EXPECT_EQ(r.chunks + r.tokens, 1u);
   kvnode_host_memory_t* m = nullptr;
   EXPECT_EQ(kvnode_host_memory_create(0, "empty", &m, &err), KVNODE_ERR_INVALID);
   EXPECT_EQ(m, nullptr);

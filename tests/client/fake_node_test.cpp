@@ -64,8 +64,9 @@ class FakeConnection {
     wire.append(reinterpret_cast<const char*>(body.data()), body.size());
     send_raw(wire);
   }
-  // Answers info as a node of 4 KiB chunks without staging.
-  bool serve_info() {
+  // Answers info as a node of 4 KiB chunks without staging (save_unfull_chunk unsaid: as an
+  // older node).
+  bool serve_info(std::optional<bool> save_unfull_chunk = std::nullopt) {
     std::optional<protocol::Request> q = read();
     if (!q || q->op != protocol::LocalOp::kInfo) return false;
     protocol::Reply r;
@@ -73,6 +74,7 @@ class FakeConnection {
     r.chunk_size = 16;
     r.pages = 8;
     r.instance = "fake";
+    r.save_unfull_chunk = save_unfull_chunk;
     reply(r);
     return true;
   }
@@ -343,6 +345,23 @@ TEST(LocalClientFaults, TheNodesErrorCodeReachesTheCaller) {
   Result<std::vector<bool>> has = (*client)->contains(ChunkKeys::of_hashes({1}));
   ASSERT_FALSE(has);
   EXPECT_EQ(has.error().code, ErrorCode::kNoRoom);
+}
+
+// NodeInfo::save_unfull_chunk is the node's word; a node that does not say (an older one) hashed
+// a last partial chunk, so it reads true.
+TEST(LocalClientInfo, SaveUnfullChunkIsTheNodesOrTrueWhenUnsaid) {
+  for (const std::optional<bool> said :
+       {std::optional<bool>(false), std::optional<bool>(true), std::optional<bool>()}) {
+    FakeNode node(temp_path("unfull"), [&](FakeConnection& c, int) {
+      ASSERT_TRUE(c.serve_info(said));
+      c.wait_closed();
+    });
+    LocalClientOptions o = quick();
+    o.use_shared_memory = false;
+    auto client = LocalClient::connect(temp_path("unfull"), o);
+    ASSERT_TRUE(client) << client.error().message;
+    EXPECT_EQ((*client)->info().save_unfull_chunk, said.value_or(true));
+  }
 }
 
 }  // namespace

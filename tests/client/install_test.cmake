@@ -2,8 +2,9 @@
 #       [-DFLAGS=] -P install_test.cmake
 # What an engine developer does: install kvnode's client (cmake --install) into a fresh prefix,
 # then build against that tree alone: install_project/ through find_package(kvnode), and its C
-# example with gcc and pkg-config alone. Each example then runs with no node and must fail cleanly
-# ("no kvnode local socket", exit 1). FLAGS: the Sanitize build's -fsanitize flags, which code
+# example with gcc and pkg-config alone. Each example (the README's three) then runs with no node
+# and must fail cleanly, printing the status and the client's message ("not_found: no kvnode
+# local socket at ...", exit 1). FLAGS: the Sanitize build's -fsanitize flags, which code
 # linking its libraries needs too.
 set(prefix ${WORK_DIR}/prefix)
 file(REMOVE_RECURSE ${WORK_DIR})
@@ -84,7 +85,8 @@ run("gcc with pkg-config" ${C_COMPILER} -std=c99 -Wall -Wextra -Wpedantic -Werro
 
 # Each example against no node: a clean failure that says why.
 set(no_node ${WORK_DIR}/no-node.sock)
-foreach(example build/engine_example_cpp build/engine_example_c engine_example_pkgconfig)
+foreach(example build/local_client_example build/engine_example_cpp build/engine_example_c
+                engine_example_pkgconfig)
   execute_process(COMMAND ${CMAKE_COMMAND} -E env LD_LIBRARY_PATH=${prefix}/lib
                           ${WORK_DIR}/${example} ${no_node}
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)

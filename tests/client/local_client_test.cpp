@@ -16,10 +16,14 @@
 #include <functional>
 #include <memory>
 #include <numeric>
+#include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "client/raw_local_socket.hpp"
+#include "kvnode/client/local_protocol.hpp"
 #include "support/child_process.hpp"
 
 namespace kvnode::client {
@@ -171,6 +175,7 @@ TEST(LocalClientAgainstKvnode, RoundTripsThroughSharedStagingAndInline) {
   EXPECT_FALSE(inline_client->shared_memory());
   EXPECT_EQ(shared->info().chunk_bytes, kChunkBytes);
   EXPECT_EQ(shared->info().chunk_size, kChunkTokens);
+  EXPECT_TRUE(shared->info().save_unfull_chunk);
   round_trip(*shared, 1);
   round_trip(*inline_client, 100000);
   // Owner only, like the staging region.
@@ -267,6 +272,27 @@ TEST(LocalClientAgainstKvnode, TheFirstCallAfterARestartSucceeds) {
   std::vector<std::byte> out(kChunkBytes);
   ASSERT_EQ(or0(node.client(false)->get(ChunkKeys::of_hashes({6}), out)), 1u);
   EXPECT_TRUE(out == six);
+}
+
+// The node's info answer says how it hashes a sequence's last partial chunk (LMCache's
+// save_unfull_chunk: on by default), read here off the wire, not through the client's default.
+TEST(LocalClientAgainstKvnode, InfoSaysWhetherALastPartialChunkIsAChunk) {
+  NodeProcess node("info-unfull");
+  ASSERT_TRUE(node.client());  // the node serves
+  test::RawLocalSocket raw(node.socket());
+  ASSERT_TRUE(raw.connected());
+  protocol::Request q;
+  q.op = protocol::LocalOp::kInfo;
+  const std::vector<std::byte> request = protocol::encode(q);
+  ASSERT_TRUE(
+      raw.send_frame(std::string(reinterpret_cast<const char*>(request.data()), request.size())));
+  const std::optional<std::string> frame = raw.read_frame(5000ms);
+  ASSERT_TRUE(frame);
+  Result<protocol::Reply> reply =
+      protocol::decode_reply(std::as_bytes(std::span(frame->data(), frame->size())));
+  ASSERT_TRUE(reply) << reply.error().message;
+  EXPECT_EQ(reply->chunk_size, kChunkTokens);
+  EXPECT_EQ(reply->save_unfull_chunk, std::optional<bool>(true));
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "kvnode/client/local_framing.hpp"
@@ -110,6 +111,7 @@ TEST(LocalProtocol, AReplyRoundTripsWithEveryField) {
   a.since = 12;
   a.peer = "127.0.0.1:9";
   a.data = {std::byte{42}};
+  a.save_unfull_chunk = false;
   Result<Reply> b = decode_reply(encode(a));
   ASSERT_TRUE(b) << b.error().message;
   EXPECT_TRUE(b->ok);
@@ -131,6 +133,18 @@ TEST(LocalProtocol, AReplyRoundTripsWithEveryField) {
   EXPECT_EQ(b->since, a.since);
   EXPECT_EQ(b->peer, a.peer);
   EXPECT_EQ(b->data, a.data);
+  EXPECT_EQ(b->save_unfull_chunk, std::optional<bool>(false));
+}
+
+TEST(LocalProtocol, SaveUnfullChunkIsSaidOnlyWhenSet) {
+  Reply a;
+  Result<Reply> b = decode_reply(encode(a));
+  ASSERT_TRUE(b) << b.error().message;
+  EXPECT_FALSE(b->save_unfull_chunk.has_value()) << "a reply that does not say (an older node)";
+  a.save_unfull_chunk = true;
+  b = decode_reply(encode(a));
+  ASSERT_TRUE(b) << b.error().message;
+  EXPECT_EQ(b->save_unfull_chunk, std::optional<bool>(true));
 }
 
 TEST(LocalFraming, TheLengthIsFourBytesLittleEndian) {

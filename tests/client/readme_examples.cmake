@@ -1,7 +1,8 @@
 # cmake -DREADME=<README.md> -DPROJECT_DIR=<install_project> -P readme_examples.cmake
-# Fails unless the README's C++ example (the code block under "### An engine's paged KV cache")
-# and C example (under "### From C") appear verbatim in install_project's engine_example.cpp and
-# engine_example.c, which install_test.cmake builds against the installed tree.
+# Fails unless the README's C++ examples (the code blocks under "### The local client API" and
+# "### An engine's paged KV cache") and C example (under "### From C") appear verbatim in
+# install_project's local_client_example.cpp, engine_example.cpp and engine_example.c, which
+# install_test.cmake builds against the installed tree.
 file(READ ${README} readme)
 
 function(check_block heading fence file)
@@ -29,5 +30,6 @@ function(check_block heading fence file)
   message(STATUS "${file}: the README's example under '${heading}', verbatim")
 endfunction()
 
+check_block("### The local client API" "```cpp" local_client_example.cpp)
 check_block("### An engine's paged KV cache" "```cpp" engine_example.cpp)
 check_block("### From C" "```c" engine_example.c)

@@ -18,7 +18,8 @@ int bench_store(kvnode_kv_cache_t* cache, const int64_t* tokens, size_t num_toke
   p.num_tokens = num_tokens;
   p.block_ids = block_ids;
   p.num_block_ids = num_block_ids;
-  kvnode_kv_result_t result;
+  kvnode_kv_result_t result = {0};
+  result.field_mask = KVNODE_KV_RESULT_FIELD_TOKENS;
   kvnode_error_t err;
   for (int i = 0; i < iters; ++i) {
     const double t0 = now_us();
@@ -50,7 +51,8 @@ double bench_stub(kvnode_kv_cache_t* cache, const int64_t* tokens, size_t num_to
   p.num_tokens = num_tokens;
   p.block_ids = block_ids;
   p.num_block_ids = num_block_ids;
-  kvnode_kv_result_t result;
+  kvnode_kv_result_t result = {0};
+  result.field_mask = KVNODE_KV_RESULT_FIELD_TOKENS;
   kvnode_error_t err;
   kvnode_status_t (*volatile fn)(kvnode_kv_cache_t*, const kvnode_kv_transfer_params_t*,
                                  kvnode_kv_result_t*, kvnode_error_t*) = stub_store;

@@ -91,7 +91,7 @@ def measure(kv: kvnode.KVCache, c_loop: ctypes.CDLL, chunks: int, chunk_tokens: 
     state = kv._state
     params = _lib.KvTransferParams(tokens=tokens_np.ctypes.data, num_tokens=n,
                                    block_ids=blocks_np.ctypes.data, num_block_ids=len(blocks_np))
-    result, err = _lib.KvResult(), _lib.ErrorStruct()
+    result, err = _lib.KvResult(field_mask=_lib.KV_RESULT_FIELD_TOKENS), _lib.ErrorStruct()
     p_params, p_result, p_err = (ctypes.pointer(x) for x in (params, result, err))
     store_fn = _lib.library().kvnode_kv_store
     c_times = np.zeros(per_round, dtype=np.float64)
@@ -157,7 +157,7 @@ def wrapper_cost(kv: kvnode.KVCache, c_loop: ctypes.CDLL, chunks: int, chunk_tok
     state = kv._state
     params = _lib.KvTransferParams(tokens=tokens_np.ctypes.data, num_tokens=n,
                                    block_ids=blocks_np.ctypes.data, num_block_ids=len(blocks_np))
-    result, err = _lib.KvResult(), _lib.ErrorStruct()
+    result, err = _lib.KvResult(field_mask=_lib.KV_RESULT_FIELD_TOKENS), _lib.ErrorStruct()
     p_params, p_result, p_err = (ctypes.pointer(x) for x in (params, result, err))
     stub = c_loop.stub_store
 

@@ -43,6 +43,46 @@ def test_connect_arguments(path, timeout, exc, word):
         kvnode.connect(path, timeout)
 
 
+class BytesPath:
+    def __fspath__(self):
+        return b"/tmp/x.sock"
+
+
+@pytest.mark.parametrize("path, timeout, exc, word", [
+    ("/tmp/x\0.sock", 15.0, ValueError, "socket_path: .* NUL"),  # C would cut it at the NUL
+    (b"/tmp/x.sock", 15.0, TypeError, "socket_path"),
+    (BytesPath(), 15.0, TypeError, "socket_path: .*BytesPath gives bytes"),
+    ("/tmp/x.sock", -1, ValueError, "timeout"),
+    ("/tmp/x.sock", float("nan"), ValueError, "timeout"),
+    ("/tmp/x.sock", 86400.5, ValueError, "timeout: .*at most a day"),
+    ("/tmp/x.sock", 2**70, ValueError, "timeout"),
+    ("/tmp/x.sock", 10**400, ValueError, "timeout"),  # past float's range
+    ("/tmp/x.sock", True, TypeError, "timeout"),
+    ("/tmp/x.sock", 1 + 2j, TypeError, "timeout"),
+])
+def test_connect_arguments_checked_in_python(path, timeout, exc, word):
+    with pytest.raises(exc, match=word):
+        kvnode.connect(path, timeout)
+
+
+@pytest.mark.parametrize("timeout", [np.float32(0.5), np.float64(2), np.int64(3), 86400,
+                                     __import__("fractions").Fraction(1, 4)])
+def test_any_real_timeout_is_seconds(timeout):
+    with pytest.raises(kvnode.Error) as e:  # the arguments pass: no node listens there
+        kvnode.connect("/tmp/kvnode-py-no-such.sock", timeout)
+    assert e.value.status == "not_found"
+
+
+def test_a_path_that_is_not_utf8_reaches_the_file_system(tmp_path):
+    import os
+
+    name = os.fsdecode(b"kvnode-\xff\xfe.sock")  # surrogate escapes: not UTF-8
+    with pytest.raises(kvnode.Error) as e:
+        kvnode.connect(tmp_path / name)
+    assert e.value.status == "not_found"
+    assert "kvnode-" in str(e.value)
+
+
 def test_errors_keep_status_and_code_through_pickle():
     e = kvnode.Error("block_ids[9]: out of range", "invalid", -1)
     back = pickle.loads(pickle.dumps(e))
@@ -61,6 +101,9 @@ def test_errors_keep_status_and_code_through_pickle():
     ([2 ** 70], ValueError),
     (np.zeros((2, 16), dtype=np.int64), ValueError),
     (np.zeros(16, dtype=np.float32), TypeError),
+    ([2 ** 63], ValueError),
+    (np.array([1, 2 ** 63], dtype=np.uint64), ValueError),  # would wrap to a negative id
+    (np.array([2 ** 64 - 1, 0], dtype=np.uint64)[::2], ValueError),
 ])
 def test_bad_tokens_name_tokens(kv, tokens, exc):
     for call in (lambda: kv.store(tokens, [0]), lambda: kv.load(tokens, [0]),

@@ -21,6 +21,7 @@ def test_info_describes_the_node(cluster):
         info = client.info
         assert info["chunk_bytes"] == 262144
         assert info["chunk_size"] == 16
+        assert info["save_unfull_chunk"] is True  # LMCache's default: a last partial chunk counts
         assert info["memory"] == "host"
         assert info["instance"] == cluster.a.instance
         assert info["worker_id"] == 0
@@ -41,7 +42,7 @@ def test_store_then_load_into_other_blocks_gives_every_byte_back(cluster, fresh_
             assert kv.lookup(tokens) == 0
             assert kv.store(tokens, src) == 64
             assert kv.lookup(tokens) == 64
-            assert client.lookup(tokens[:40]) == 32  # whole chunks only
+            assert client.lookup(tokens[:40]) == 32  # its last 8 tokens: a partial chunk, unheld
             want = blocks_of(shape, whole, src)
             scribble(shape, whole, src, seed=8)
             scribble(shape, whole, dst, seed=9)
@@ -61,6 +62,7 @@ def test_arrays_of_tokens_and_block_ids(cluster, fresh_tokens):
         assert kv.load(tokens.astype(np.int32), np.array([7, 0, 8, 0, 9])[::2]) == 48
         assert np.array_equal(blocks_of(shape, whole, [7, 8, 9]), want)
         assert kv.lookup(tuple(int(t) for t in tokens)) == 48
+        assert kv.lookup(tokens.astype(np.uint64)) == 48  # unsigned ids below 2**63 pass
         assert kv.lookup(range(int(tokens[0]), int(tokens[0]) + 32)) == 32
         assert kv.load(tokens[:32], (10, 11)) == 32  # fewer tokens: the leading chunks
 
@@ -71,6 +73,7 @@ def test_an_unfull_last_chunk_and_a_load_of_the_stored_prefix(cluster, fresh_tok
     tokens = fresh_tokens(40)  # 2 whole chunks and 8 tokens: LMCache's unfull last chunk
     with kvnode.connect(cluster.a.socket) as client, \
             client.register_kv_cache(layers, BLOCK) as kv:
+        assert client.info["save_unfull_chunk"]  # the rule that makes 40 tokens 3 chunks
         assert kv.store(tokens, [1, 2, 3]) == 40
         assert kv.lookup(tokens) == 40
         assert kv.lookup(tokens[:32]) == 32

@@ -65,6 +65,16 @@ def test_host_array_arguments():
         kvnode.host_array((2,), "no-such-dtype")
 
 
+@pytest.mark.parametrize("shape, dtype", [
+    ((2**40, 2**40), np.uint8),  # 2**80 bytes: past size_t
+    ((2**62, 4), np.float32),  # 2**66 bytes
+    ((2**31, 2**31, 2), np.float16),  # 2**64 bytes: size_t wraps to 0
+])
+def test_host_array_bytes_that_overflow_name_shape(shape, dtype):
+    with pytest.raises(ValueError, match="shape"):
+        kvnode.host_array(shape, dtype)
+
+
 # ---- importing and finding the library ----------------------------------------------------------
 
 def test_import_needs_no_library_and_connect_says_where_it_looked():
@@ -123,10 +133,22 @@ CONSTANTS = {  # _lib's name -> the header's
     "NAME_BYTES": "KVNODE_NAME_BYTES",
     "CONNECT_FIELD_TIMEOUT": "KVNODE_CONNECT_FIELD_TIMEOUT",
     "CONNECT_FIELD_SHARED_MEMORY": "KVNODE_CONNECT_FIELD_SHARED_MEMORY",
-    "KV_FIELD_KV_HEADS": "KVNODE_KV_FIELD_KV_HEADS",
     "KV_XFER_FIELD_RETRIEVE": "KVNODE_KV_XFER_FIELD_RETRIEVE",
     "KV_XFER_FIELD_WAIT_EVENT": "KVNODE_KV_XFER_FIELD_WAIT_EVENT",
     "KV_XFER_FIELD_DONE_EVENT": "KVNODE_KV_XFER_FIELD_DONE_EVENT",
+    "NODE_INFO_FIELD_CHUNK_BYTES": "KVNODE_NODE_INFO_FIELD_CHUNK_BYTES",
+    "NODE_INFO_FIELD_CHUNK_SIZE": "KVNODE_NODE_INFO_FIELD_CHUNK_SIZE",
+    "NODE_INFO_FIELD_PAGES": "KVNODE_NODE_INFO_FIELD_PAGES",
+    "NODE_INFO_FIELD_WORKER_ID": "KVNODE_NODE_INFO_FIELD_WORKER_ID",
+    "NODE_INFO_FIELD_MEMORY": "KVNODE_NODE_INFO_FIELD_MEMORY",
+    "NODE_INFO_FIELD_INSTANCE": "KVNODE_NODE_INFO_FIELD_INSTANCE",
+    "NODE_INFO_FIELD_LOCATION": "KVNODE_NODE_INFO_FIELD_LOCATION",
+    "NODE_INFO_FIELD_SAVE_UNFULL_CHUNK": "KVNODE_NODE_INFO_FIELD_SAVE_UNFULL_CHUNK",
+    "NODE_INFO_FIELDS_ALL": "KVNODE_NODE_INFO_FIELDS_ALL",
+    "KV_RESULT_FIELD_CHUNKS": "KVNODE_KV_RESULT_FIELD_CHUNKS",
+    "KV_RESULT_FIELD_TOKENS": "KVNODE_KV_RESULT_FIELD_TOKENS",
+    "KV_RESULT_FIELD_PULLED": "KVNODE_KV_RESULT_FIELD_PULLED",
+    "KV_RESULT_FIELDS_ALL": "KVNODE_KV_RESULT_FIELDS_ALL",
     "MEMORY_HOST_FD": "KVNODE_MEMORY_HOST_FD",
     "MEMORY_CUDA_IPC": "KVNODE_MEMORY_CUDA_IPC",
     "MEMORY_CUDA_VMM": "KVNODE_MEMORY_CUDA_VMM",
@@ -178,6 +200,21 @@ def test_the_header_and_the_bindings_name_the_same_functions():
     from kvnode import _lib
 
     assert declared == set(_lib._PROTOTYPES), declared ^ set(_lib._PROTOTYPES)
+
+
+def test_the_header_says_for_every_function_how_threads_may_call_it():
+    """Each function's comment (the last one before its declaration: its own, or its group's)
+    states its thread safety: thread-safe, one call at a time per client, or what must not run
+    at the same time."""
+    header = (ROOT / "client/include/kvnode/kvnode_client.h").read_text()
+    said = re.compile(r"thread-safe|one call at a time|at the same time", re.IGNORECASE)
+    unsaid = []
+    for m in re.finditer(r"\b(kvnode_[a-z_]+)\(", header):
+        before = header[:m.start()]
+        comment = before[before.rfind("/*"):before.rfind("*/")]
+        if not said.search(comment):
+            unsaid.append(m.group(1))
+    assert not unsaid, f"no thread-safety statement before: {unsaid}"
 
 
 # ---- packaging ----------------------------------------------------------------------------------

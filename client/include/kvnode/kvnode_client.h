@@ -12,9 +12,21 @@
  *   structs can grow without breaking callers built against an older header. Set `field_mask` to
  *   the bits of the fields you filled (required fields are listed per struct and need no bit).
  *   A bit this library does not know is refused (KVNODE_ERR_INVALID), never silently ignored.
- * - Threads: a kvnode_client_t (and the KV caches registered through it) serves one call at a
- *   time: use one client per thread, or serialise calls. Distinct clients are independent.
- *   kvnode_status_string and kvnode_host_memory_* functions are thread-safe.
+ * - Output structs (kvnode_node_info_t, kvnode_kv_result_t) start with `field_mask` too, set by
+ *   the caller to the fields it wants filled (as UCX's attribute structs): the library writes
+ *   those and no other byte, so it never writes past the end of an older, smaller struct. A bit
+ *   it does not know is refused (KVNODE_ERR_INVALID) with nothing written. *_FIELDS_ALL: every
+ *   field of this header.
+ * - Array elements (kvnode_kv_buffer_t, kvnode_kv_allocation_t) cannot grow: the library finds
+ *   element i at i * sizeof(element), so a larger element would misplace every one after the
+ *   first of a caller built against an older header. They end in `reserved` words instead,
+ *   which must be zero (checked: KVNODE_ERR_INVALID) so a later version can give them a meaning
+ *   (under a new bit of the parameter struct's field_mask). Zero-initialise elements (C: `= {0}`
+ *   or designated initialisers; C++: `{}`, then set the fields) and they stay valid.
+ * - Threads: each function says. "Thread-safe": from any threads at once. "One call at a time
+ *   per client": not at the same time as another call on the same kvnode_client_t or on a KV
+ *   cache registered through it (from whichever thread); use a client per thread, or serialise
+ *   its calls. Distinct clients are independent and may be used in parallel.
  */
 #ifndef KVNODE_CLIENT_H
 #define KVNODE_CLIENT_H
@@ -41,7 +53,7 @@ typedef enum kvnode_status {
   KVNODE_ERR_INTERNAL = -9   /* a bug or an unexpected answer */
 } kvnode_status_t;
 
-/* A static description of a status ("invalid", "not_found", ...). */
+/* A static description of a status ("invalid", "not_found", ...). Thread-safe. */
 const char* kvnode_status_string(kvnode_status_t status);
 
 #define KVNODE_ERROR_MESSAGE_BYTES 1024
@@ -65,12 +77,33 @@ typedef struct kvnode_connect_params {
   int use_shared_memory;    /* default 1; 0: put/get bytes travel inline */
 } kvnode_connect_params_t;
 
+/* Connects to the node at params->socket_path and asks its shape (kvnode_client_info); a new
+ * client in *client, or NULL on failure. Thread-safe: each call makes a client of its own. */
 kvnode_status_t kvnode_connect(const kvnode_connect_params_t* params, kvnode_client_t** client,
                                kvnode_error_t* err);
+/* Closes the connection: the node ends its KV registrations (their handles stay valid to close).
+ * Accepts NULL. Not at the same time as any other call on this client or its caches; the handle
+ * is gone afterwards. */
 void kvnode_client_close(kvnode_client_t* client);
 
 #define KVNODE_NAME_BYTES 256
+enum {
+  KVNODE_NODE_INFO_FIELD_CHUNK_BYTES = 1u << 0,
+  KVNODE_NODE_INFO_FIELD_CHUNK_SIZE = 1u << 1,
+  KVNODE_NODE_INFO_FIELD_PAGES = 1u << 2,
+  KVNODE_NODE_INFO_FIELD_WORKER_ID = 1u << 3,
+  KVNODE_NODE_INFO_FIELD_MEMORY = 1u << 4,
+  KVNODE_NODE_INFO_FIELD_INSTANCE = 1u << 5,
+  KVNODE_NODE_INFO_FIELD_LOCATION = 1u << 6,
+  KVNODE_NODE_INFO_FIELD_SAVE_UNFULL_CHUNK = 1u << 7,
+};
+#define KVNODE_NODE_INFO_FIELDS_ALL                                                          \
+  ((uint64_t)(KVNODE_NODE_INFO_FIELD_CHUNK_BYTES | KVNODE_NODE_INFO_FIELD_CHUNK_SIZE |     \
+              KVNODE_NODE_INFO_FIELD_PAGES | KVNODE_NODE_INFO_FIELD_WORKER_ID |            \
+              KVNODE_NODE_INFO_FIELD_MEMORY | KVNODE_NODE_INFO_FIELD_INSTANCE |            \
+              KVNODE_NODE_INFO_FIELD_LOCATION | KVNODE_NODE_INFO_FIELD_SAVE_UNFULL_CHUNK))
 typedef struct kvnode_node_info {
+  uint64_t field_mask;  /* set by the caller: KVNODE_NODE_INFO_FIELD_* of the fields to fill */
   uint64_t chunk_bytes; /* bytes per chunk (one pool page) */
   uint64_t chunk_size;  /* tokens per chunk */
   uint64_t pages;       /* chunks the pool holds */
@@ -78,27 +111,37 @@ typedef struct kvnode_node_info {
   char memory[16];                  /* "host", "pinned" or "device" */
   char instance[KVNODE_NAME_BYTES]; /* the node's instance id */
   char location[KVNODE_NAME_BYTES];
+  /* 1: a sequence's last partial chunk (fewer than chunk_size tokens) is a chunk of its own,
+   * stored, loaded and looked up like the others (LMCache's save_unfull_chunk, its default), so
+   * 40 tokens in 16-token chunks are 3 chunks and 40 tokens; 0: whole chunks only (32 tokens). */
+  int save_unfull_chunk;
 } kvnode_node_info_t;
 
+/* The node's shape, as it said when the client connected (no request is sent): the fields
+ * info->field_mask asks for, no other byte written. One call at a time per client (a call that
+ * reconnects to a restarted node renews it). */
 kvnode_status_t kvnode_client_info(kvnode_client_t* client, kvnode_node_info_t* info,
                                    kvnode_error_t* err);
 
 /* ---- chunks by tokens ------------------------------------------------------------------------ */
 
-/* Leading tokens of `tokens` whose chunks this node holds. */
+/* Leading tokens of `tokens` whose chunks this node holds (a last partial chunk counts when the
+ * node's save_unfull_chunk is set). One call at a time per client. */
 kvnode_status_t kvnode_lookup(kvnode_client_t* client, const int64_t* tokens, size_t num_tokens,
                               size_t* held_tokens, kvnode_error_t* err);
 
 /* ---- host memory the node can map (CPU engines, tests) ---------------------------------------- */
 
 typedef struct kvnode_host_memory kvnode_host_memory_t;
-/* `bytes` of zeroed memory (a sealed memfd); `name` may be NULL. */
+/* `bytes` of zeroed memory (a sealed memfd); `name` may be NULL. Thread-safe. */
 kvnode_status_t kvnode_host_memory_create(size_t bytes, const char* name,
                                           kvnode_host_memory_t** memory, kvnode_error_t* err);
-/* Its mapping, size and memfd (owned by the handle); NULL gives NULL, 0 and -1. */
+/* Its mapping, size and memfd (owned by the handle); NULL gives NULL, 0 and -1. Thread-safe. */
 void* kvnode_host_memory_data(const kvnode_host_memory_t* memory);
 size_t kvnode_host_memory_size(const kvnode_host_memory_t* memory);
 int kvnode_host_memory_fd(const kvnode_host_memory_t* memory);
+/* Unmaps and closes it; accepts NULL. Thread-safe, but not at the same time as another call on
+ * the same handle, and not while a registration still uses it. */
 void kvnode_host_memory_free(kvnode_host_memory_t* memory);
 
 /* ---- an engine's paged KV cache --------------------------------------------------------------- */
@@ -109,12 +152,14 @@ typedef enum kvnode_memory_kind {
   KVNODE_MEMORY_CUDA_VMM = 2  /* device memory: `fd` from cuMemExportToShareableHandle */
 } kvnode_memory_kind_t;
 
+/* An array element: ends in reserved words that must be zero (see the conventions above). */
 typedef struct kvnode_kv_allocation {
   kvnode_memory_kind_t kind;
   void* base;    /* the allocation's base in this process */
   size_t bytes;  /* its size */
   int fd;        /* HOST_FD, CUDA_VMM: the node gets a copy; the caller keeps this one */
   uint8_t ipc_handle[64]; /* CUDA_IPC */
+  uint64_t reserved[4];   /* zero */
 } kvnode_kv_allocation_t;
 
 typedef enum kvnode_kv_preset {
@@ -124,18 +169,17 @@ typedef enum kvnode_kv_preset {
   KVNODE_KV_SGLANG = 3      /* per layer K and V buffers, [num_blocks * block_size, kv_heads, head_size] */
 } kvnode_kv_preset_t;
 
-/* Where one layer's tensor lies (SGLANG: one K and one V per layer, K first). */
+/* Where one layer's tensor lies (SGLANG: one K and one V per layer, K first). An array element:
+ * ends in reserved words that must be zero (see the conventions above). */
 typedef struct kvnode_kv_buffer {
   void* base;   /* the allocation's base (one of the registered allocations) */
   size_t bytes; /* the allocation's size */
   size_t offset; /* the tensor's first byte from base */
+  uint64_t reserved[4]; /* zero */
 } kvnode_kv_buffer_t;
 
-enum {
-  KVNODE_KV_FIELD_KV_HEADS = 1u << 0, /* accepted; kv_heads is read either way (MLA ignores it) */
-};
 typedef struct kvnode_kv_register_params {
-  uint64_t field_mask;
+  uint64_t field_mask;             /* no optional field yet: 0 */
   kvnode_kv_preset_t preset;       /* required */
   uint32_t num_blocks;             /* required */
   uint32_t block_size;             /* required: tokens per block */
@@ -153,11 +197,13 @@ typedef struct kvnode_kv_cache kvnode_kv_cache_t;
 /* Registers the cache with the node (the node maps it once; the allocations must outlive the
  * registration). Fails naming the field when the layout leaves an allocation or a chunk of it
  * does not match the node's page size. Closing the client ends its registrations: its caches then
- * answer KVNODE_ERR_NOT_FOUND, and must still be closed. */
+ * answer KVNODE_ERR_NOT_FOUND, and must still be closed. One call at a time per client. */
 kvnode_status_t kvnode_kv_register(kvnode_client_t* client,
                                    const kvnode_kv_register_params_t* params,
                                    kvnode_kv_cache_t** cache, kvnode_error_t* err);
-/* Unregisters (the node unmaps it); accepts NULL. */
+/* Unregisters (the node unmaps it) through the cache's client; accepts NULL. One call at a time
+ * per client, as the cache's other calls; once its client is closed it sends nothing and is
+ * thread-safe. */
 void kvnode_kv_close(kvnode_kv_cache_t* cache);
 
 enum {
@@ -176,18 +222,30 @@ typedef struct kvnode_kv_transfer_params {
   uint8_t done_event[64];    /* cudaIpcEventHandle_t the node records once they landed */
 } kvnode_kv_transfer_params_t;
 
+enum {
+  KVNODE_KV_RESULT_FIELD_CHUNKS = 1u << 0,
+  KVNODE_KV_RESULT_FIELD_TOKENS = 1u << 1,
+  KVNODE_KV_RESULT_FIELD_PULLED = 1u << 2,
+};
+#define KVNODE_KV_RESULT_FIELDS_ALL                                            \
+  ((uint64_t)(KVNODE_KV_RESULT_FIELD_CHUNKS | KVNODE_KV_RESULT_FIELD_TOKENS | \
+              KVNODE_KV_RESULT_FIELD_PULLED))
+/* A store's or load's answer: the fields result->field_mask asks for are written (0 when the
+ * call fails), no other byte. */
 typedef struct kvnode_kv_result {
-  uint64_t chunks; /* leading chunks stored or loaded */
-  uint64_t tokens; /* the tokens they cover */
-  uint64_t pulled; /* load with retrieve: of them, pulled from a peer */
+  uint64_t field_mask; /* set by the caller: KVNODE_KV_RESULT_FIELD_* of the fields to fill */
+  uint64_t chunks;     /* leading chunks stored or loaded */
+  uint64_t tokens;     /* the tokens they cover (a last partial chunk's too: save_unfull_chunk) */
+  uint64_t pulled;     /* load with retrieve: of them, pulled from a peer */
 } kvnode_kv_result_t;
 
 /* Gathers each chunk's blocks into the node's pool (committed once copied); the longest prefix
- * that fits. `result` may be NULL. */
+ * that fits. `result` may be NULL. One call at a time per client (the cache's). */
 kvnode_status_t kvnode_kv_store(kvnode_kv_cache_t* cache,
                                 const kvnode_kv_transfer_params_t* params,
                                 kvnode_kv_result_t* result, kvnode_error_t* err);
-/* Copies the leading stored chunks into the blocks; `result` may be NULL. */
+/* Copies the leading stored chunks into the blocks; `result` may be NULL. One call at a time per
+ * client (the cache's). */
 kvnode_status_t kvnode_kv_load(kvnode_kv_cache_t* cache, const kvnode_kv_transfer_params_t* params,
                                kvnode_kv_result_t* result, kvnode_error_t* err);
 

@@ -45,11 +45,11 @@ inline kvnode_status_t invalid(std::string_view message, kvnode_error_t* err) no
   return fail(ErrorCode::kInvalid, message, err);
 }
 
-// KVNODE_ERR_INVALID ("<function>: params->field_mask: ...") when `mask` has bits outside `known`
-// (fields of a newer header than this library's: their values would be ignored, so the call is
-// refused); else KVNODE_OK.
+// KVNODE_ERR_INVALID ("<function>: <what>->field_mask: ...") when `mask` has bits outside `known`
+// (fields of a newer header than this library's: their values would be ignored, or an output
+// struct's would stay unwritten, so the call is refused); else KVNODE_OK.
 kvnode_status_t check_fields(std::uint64_t mask, std::uint64_t known, std::string_view function,
-                             kvnode_error_t* err);
+                             kvnode_error_t* err, std::string_view what = "params");
 
 // Runs `body` (which answers a kvnode_status_t); an exception becomes KVNODE_ERR_NO_ROOM (out of
 // memory) or KVNODE_ERR_INTERNAL with its text.

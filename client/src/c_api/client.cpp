@@ -1,9 +1,9 @@
 // The C API's connection: kvnode_connect (LocalClient::connect with the params' fields or their
-// defaults), kvnode_client_close, kvnode_client_info and kvnode_lookup.
+// defaults), kvnode_client_close, kvnode_client_info (the fields the caller's mask asks for, no
+// other byte) and kvnode_lookup.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -78,15 +78,25 @@ extern "C" kvnode_status_t kvnode_client_info(kvnode_client_t* client, kvnode_no
   return guarded(err, [&] {
     if (client == nullptr) return invalid("kvnode_client_info: client is NULL", err);
     if (info == nullptr) return invalid("kvnode_client_info: info is NULL", err);
+    // Only the fields asked for: a caller built against an older header has a smaller struct.
+    const std::uint64_t want = info->field_mask;
+    if (const kvnode_status_t s =
+            check_fields(want, KVNODE_NODE_INFO_FIELDS_ALL, "kvnode_client_info", err, "info");
+        s != KVNODE_OK)
+      return s;
     const kvnode::client::NodeInfo& n = client->client->info();
-    std::memset(info, 0, sizeof *info);
-    info->chunk_bytes = n.chunk_bytes;
-    info->chunk_size = n.chunk_size;
-    info->pages = n.pages;
-    info->worker_id = n.worker_id;
-    kvnode::c_api::copy_cut(info->memory, sizeof info->memory, n.memory);
-    kvnode::c_api::copy_cut(info->instance, sizeof info->instance, n.instance);
-    kvnode::c_api::copy_cut(info->location, sizeof info->location, n.location);
+    if (want & KVNODE_NODE_INFO_FIELD_CHUNK_BYTES) info->chunk_bytes = n.chunk_bytes;
+    if (want & KVNODE_NODE_INFO_FIELD_CHUNK_SIZE) info->chunk_size = n.chunk_size;
+    if (want & KVNODE_NODE_INFO_FIELD_PAGES) info->pages = n.pages;
+    if (want & KVNODE_NODE_INFO_FIELD_WORKER_ID) info->worker_id = n.worker_id;
+    if (want & KVNODE_NODE_INFO_FIELD_MEMORY)
+      kvnode::c_api::copy_cut(info->memory, sizeof info->memory, n.memory);
+    if (want & KVNODE_NODE_INFO_FIELD_INSTANCE)
+      kvnode::c_api::copy_cut(info->instance, sizeof info->instance, n.instance);
+    if (want & KVNODE_NODE_INFO_FIELD_LOCATION)
+      kvnode::c_api::copy_cut(info->location, sizeof info->location, n.location);
+    if (want & KVNODE_NODE_INFO_FIELD_SAVE_UNFULL_CHUNK)
+      info->save_unfull_chunk = n.save_unfull_chunk ? 1 : 0;
     return ok(err);
   });
 }

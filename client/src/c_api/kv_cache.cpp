@@ -1,5 +1,6 @@
 // The C API's engine KV path: kvnode_kv_register turns the params into a KvLayout (through the
-// preset functions, which name a wrong field) and KvAllocations; store and load by block table.
+// preset functions, which name a wrong field) and KvAllocations (array elements whose reserved
+// words must be zero); store and load by block table, answering the result fields asked for.
 #include <cstring>
 #include <string>
 #include <vector>
@@ -17,13 +18,30 @@ using kvnode::c_api::guarded;
 using kvnode::c_api::invalid;
 using kvnode::c_api::ok;
 
-constexpr std::uint64_t kRegisterFields = KVNODE_KV_FIELD_KV_HEADS;
+constexpr std::uint64_t kRegisterFields = 0;  // no optional field yet
 constexpr std::uint64_t kTransferFields = KVNODE_KV_XFER_FIELD_RETRIEVE |
                                           KVNODE_KV_XFER_FIELD_WAIT_EVENT |
                                           KVNODE_KV_XFER_FIELD_DONE_EVENT;
 
+// Writes the result fields the caller asked for (its mask checked already), no other byte.
+void answer(kvnode_kv_result_t* result, const kc::KvTransferReply& r) {
+  if (result == nullptr) return;
+  const std::uint64_t want = result->field_mask;
+  if (want & KVNODE_KV_RESULT_FIELD_CHUNKS) result->chunks = r.chunks;
+  if (want & KVNODE_KV_RESULT_FIELD_TOKENS) result->tokens = r.tokens;
+  if (want & KVNODE_KV_RESULT_FIELD_PULLED) result->pulled = r.pulled;
+}
+
 kvnode::Error bad(std::string message) {
   return kvnode::make_error(ErrorCode::kInvalid, "kvnode_kv_register: params->" + message);
+}
+
+// An array element's reserved words: zero, or the field is named.
+template <class Element>
+bool reserved_clear(const Element& e) {
+  for (const std::uint64_t word : e.reserved)
+    if (word != 0) return false;
+  return true;
 }
 
 Result<kc::KvLayout> layout_of(const kvnode_kv_register_params_t& p) {
@@ -32,10 +50,14 @@ Result<kc::KvLayout> layout_of(const kvnode_kv_register_params_t& p) {
   const bool sglang = p.preset == KVNODE_KV_SGLANG;  // a K and a V buffer per layer
   if (sglang && p.num_layers > SIZE_MAX / 2) return bad("num_layers: too large");
   std::vector<kc::KvBuffer> buffers;
-  for (std::size_t i = 0; i < p.num_layers * (sglang ? 2 : 1); ++i)
-    buffers.push_back(
-        {static_cast<std::byte*>(p.layers[i].base), p.layers[i].bytes, p.layers[i].offset});
-  // kv_heads is read whatever its bit says: required but for MLA, which ignores it.
+  for (std::size_t i = 0; i < p.num_layers * (sglang ? 2 : 1); ++i) {
+    const kvnode_kv_buffer_t& b = p.layers[i];
+    if (!reserved_clear(b))
+      return bad("layers[" + std::to_string(i) +
+                 "].reserved: must be zero (room for fields of a later version)");
+    buffers.push_back({static_cast<std::byte*>(b.base), b.bytes, b.offset});
+  }
+  // kv_heads is required but for MLA, which ignores it.
   const kc::KvCacheShape shape{p.num_blocks, p.block_size, p.kv_heads, p.head_size, p.elem_bytes};
   switch (p.preset) {
     case KVNODE_KV_VLLM:
@@ -62,6 +84,9 @@ Result<std::vector<kc::KvAllocation>> allocations_of(const kvnode_kv_register_pa
   std::vector<kc::KvAllocation> out(p.num_allocations);
   for (std::size_t i = 0; i < p.num_allocations; ++i) {
     const kvnode_kv_allocation_t& a = p.allocations[i];
+    if (!reserved_clear(a))
+      return bad("allocations[" + std::to_string(i) +
+                 "].reserved: must be zero (room for fields of a later version)");
     switch (a.kind) {
       case KVNODE_MEMORY_HOST_FD:
         out[i].kind = kc::KvMemoryKind::kHostFd;
@@ -95,7 +120,13 @@ kc::CudaIpcHandle handle_of(const std::uint8_t (&bytes)[kc::kCudaIpcHandleBytes]
 kvnode_status_t transfer(kvnode_kv_cache_t* cache, const kvnode_kv_transfer_params_t* p, bool load,
                          kvnode_kv_result_t* result, kvnode_error_t* err) {
   const std::string_view fn = load ? "kvnode_kv_load" : "kvnode_kv_store";
-  if (result != nullptr) *result = kvnode_kv_result_t{0, 0, 0};
+  if (result != nullptr) {
+    if (const kvnode_status_t s =
+            check_fields(result->field_mask, KVNODE_KV_RESULT_FIELDS_ALL, fn, err, "result");
+        s != KVNODE_OK)
+      return s;
+    answer(result, {});  // zeroes until the node answers
+  }
   if (cache == nullptr) return invalid(std::string(fn) + ": cache is NULL", err);
   if (p == nullptr) return invalid(std::string(fn) + ": params is NULL", err);
   if (const kvnode_status_t s = check_fields(p->field_mask, kTransferFields, fn, err);
@@ -121,7 +152,7 @@ kvnode_status_t transfer(kvnode_kv_cache_t* cache, const kvnode_kv_transfer_para
   if (p->field_mask & KVNODE_KV_XFER_FIELD_DONE_EVENT) t.done_event = handle_of(p->done_event);
   auto reply = load ? client->load(t) : client->store(t);
   if (!reply) return fail(reply.error(), err);
-  if (result != nullptr) *result = kvnode_kv_result_t{reply->chunks, reply->tokens, reply->pulled};
+  answer(result, *reply);
   return ok(err);
 }
 

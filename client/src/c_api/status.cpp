@@ -43,12 +43,12 @@ kvnode_status_t fail(const Error& error, kvnode_error_t* err) noexcept {
 }
 
 kvnode_status_t check_fields(std::uint64_t mask, std::uint64_t known, std::string_view function,
-                             kvnode_error_t* err) {
+                             kvnode_error_t* err, std::string_view what) {
   const std::uint64_t unknown = mask & ~known;
   if (unknown == 0) return KVNODE_OK;
   char bits[32];
   std::snprintf(bits, sizeof bits, "0x%llx", static_cast<unsigned long long>(unknown));
-  return invalid(std::string(function) + ": params->field_mask: bits " + bits +
+  return invalid(std::string(function) + ": " + std::string(what) + "->field_mask: bits " + bits +
                      " name no field of this library (KVNODE_CLIENT_API_VERSION " +
                      std::to_string(KVNODE_CLIENT_API_VERSION) + ")",
                  err);

@@ -11,7 +11,8 @@ kvnode_status_t run(const char* path, const int64_t* tokens, size_t n, kvnode_er
   if (s == KVNODE_OK) s = kvnode_host_memory_create(bytes, NULL, &memory, err);
   void* base = kvnode_host_memory_data(memory);
   kvnode_kv_buffer_t layers[32];  /* per layer one [2, blocks, 16, 8, 128] tensor */
-  for (size_t l = 0; l < 32; ++l) layers[l] = (kvnode_kv_buffer_t){base, bytes, l * per_layer};
+  for (size_t l = 0; l < 32; ++l)
+    layers[l] = (kvnode_kv_buffer_t){.base = base, .bytes = bytes, .offset = l * per_layer};
   kvnode_kv_allocation_t shared = {.kind = KVNODE_MEMORY_HOST_FD, .base = base, .bytes = bytes,
                                    .fd = kvnode_host_memory_fd(memory)};
   kvnode_kv_register_params_t p = {.preset = KVNODE_KV_VLLM, .num_blocks = 4096, .block_size = 16,
@@ -21,8 +22,8 @@ kvnode_status_t run(const char* path, const int64_t* tokens, size_t n, kvnode_er
   uint32_t blocks[] = {7, 3, 12 /* ... the sequence's blocks, 16 tokens each */};
   kvnode_kv_transfer_params_t t = {.tokens = tokens, .num_tokens = n, .block_ids = blocks,
                                    .num_block_ids = sizeof blocks / sizeof blocks[0]};
-  kvnode_kv_result_t done;  /* done.tokens: the leading tokens stored, then loaded */
-  if (s == KVNODE_OK) s = kvnode_kv_store(kv, &t, &done, err);
+  kvnode_kv_result_t done = {.field_mask = KVNODE_KV_RESULT_FIELD_TOKENS};  /* what to fill */
+  if (s == KVNODE_OK) s = kvnode_kv_store(kv, &t, &done, err);  /* done.tokens: stored */
   blocks[0] = 40, blocks[1] = 41, blocks[2] = 42;  /* ... where the engine wants them now */
   t.field_mask = KVNODE_KV_XFER_FIELD_RETRIEVE, t.retrieve = 1;  /* pull from a peer first */
   if (s == KVNODE_OK) s = kvnode_kv_load(kv, &t, &done, err);

@@ -54,6 +54,9 @@ struct NodeInfo {
   std::string location{}, instance{};
   std::int64_t worker_id = 0;
   std::string memory{};  // the pool's memory: "host", "pinned" or "device" ("" from older nodes)
+  // A sequence's last partial chunk is a chunk of its own (LMCache's save_unfull_chunk): stored,
+  // loaded and looked up like the others. Older nodes do not say; they did (true).
+  bool save_unfull_chunk = true;
 };
 
 struct RetrieveReply {

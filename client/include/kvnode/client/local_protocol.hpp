@@ -83,7 +83,8 @@ struct Reply {
   std::uint64_t slots = 0;  // staging slots (one chunk each) in the shm region
   std::int64_t worker_id = 0;
   std::string shm{}, location{}, instance{};
-  std::string memory{};  // info: the pool's memory, "host", "pinned" or "device"
+  std::string memory{};                     // info: the pool's memory, "host", "pinned" or "device"
+  std::optional<bool> save_unfull_chunk{};  // info: a last partial chunk is a chunk (unset: old)
   // per op
   std::vector<bool> present{};          // contains
   std::vector<std::int64_t> offsets{};  // reserve/lease: each chunk's slot (byte offset); -1 stored
