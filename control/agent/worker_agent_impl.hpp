@@ -3,6 +3,8 @@
 // (the full sync a heartbeat asks for). Private to the agent library.
 #pragma once
 
+#include <fcntl.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -15,11 +17,13 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 #include <zmq.hpp>
 
 #include "control_server.hpp"
 #include "controller_link.hpp"
 #include "kvnode/agent/worker_agent.hpp"
+#include "kvnode/common/unique_fd.hpp"
 
 namespace kvnode::agent {
 
@@ -58,6 +62,11 @@ class WorkerAgent::Impl {
   // A new link, or an error when no socket can be made (out of descriptors: the caller counts it
   // as a failed attempt and tries again later, instead of the exception ending the process).
   Result<ControllerLink> link(const std::string& url) {
+    // Asked first, so the common case throws nothing (the catch below is the backstop for a
+    // race): a link takes a descriptor for each of its two sockets and one for its connection.
+    if (!descriptors_free(3))
+      return make_error(ErrorCode::kIo, "cannot open a socket to the controller at " + url +
+                                            ": out of file descriptors");
     // The monitor's inproc name needs to be unique within context_, which is this agent's.
     const auto n = links_made_.fetch_add(1, std::memory_order_relaxed);
     try {
@@ -66,6 +75,15 @@ class WorkerAgent::Impl {
       return make_error(ErrorCode::kIo,
                         "cannot open a socket to the controller at " + url + ": " + e.what());
     }
+  }
+  // Whether `n` more descriptors can be opened now.
+  static bool descriptors_free(int n) {
+    std::vector<UniqueFd> probes;
+    for (int i = 0; i < n; ++i) {
+      probes.emplace_back(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+      if (!probes.back()) return false;
+    }
+    return true;
   }
   Result<wire::Msg> exchange(ControllerLink& link, const wire::Msg& request) {
     return link.exchange(request, options_.request_timeout, [this] { return stopping_.load(); });

@@ -78,6 +78,9 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const NodeConfig& c) {
   plane.port = static_cast<std::uint16_t>(port_for(c.p2p_init_ports, c.worker_id));
   plane.tls = c.ucx_tls;
   plane.net_devices = c.ucx_net_devices;
+  Result<transfer::GpuDirect> gpudirect = transfer::parse_gpudirect(c.gpudirect);
+  if (!gpudirect) return gpudirect.error();
+  plane.gpudirect = *gpudirect;  // the plane logs which way a device pool goes, and why
   plane.on_ask = [peers = &*p->peers](const std::string& peer, const std::vector<std::byte>& r) {
     return peers->on_ask(peer, r);
   };

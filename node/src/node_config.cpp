@@ -14,6 +14,7 @@
 #include "kvnode/common/nearest_name.hpp"
 #include "kvnode/controller/yaml_file.hpp"
 #include "kvnode/gpu/kv_shape.hpp"
+#include "kvnode/transfer/device_path.hpp"
 #include "lmcache_keys.hpp"
 
 namespace kvnode::node {
@@ -175,6 +176,10 @@ void add_settings(Settings& s, NodeConfig& c, UcxText& ucx) {
   s.add("--kv-dtype", "kvnode_kv_dtype", c.kv_dtype, "KV shape: element type");
   s.add("--memory", "kvnode_memory", c.memory, "chunk memory: host, pinned or device")
       ->check(CLI::IsMember({"host", "pinned", "device"}));
+  s.add("--gpudirect", "kvnode_gpudirect", c.gpudirect,
+        "device pools: auto (GPUDirect where UCX registers CUDA memory, else staged through "
+        "pinned memory) or off (always staged)")
+      ->check(CLI::IsMember({"auto", "off"}));
   s.add("--advertise-ip", "kvnode_advertise_ip", c.advertise_ip,
         "where the controller reaches this node's REP port");
   s.add("--http-port", "kvnode_http_port", c.http_port,
@@ -272,6 +277,8 @@ Status validate(const NodeConfig& c) {
   };
   if (Status s = port_of(c.lmcache_worker_ports, "lmcache_worker_ports"); !s) return s;
   if (Status s = port_of(c.p2p_init_ports, "p2p_init_ports"); !s) return s;
+  if (Result<transfer::GpuDirect> g = transfer::parse_gpudirect(c.gpudirect); !g)
+    return make_error("kvnode_gpudirect: '" + c.gpudirect + "': expected auto or off");
   if (c.http_port > 65535) return make_error("kvnode_http_port: out of range");
   if (c.http_max_connections < 1) return make_error("kvnode_http_max_connections: at least 1");
   if (c.full_sync_startup_delay < 0 || c.full_sync_startup_delay > 3600)

@@ -1,4 +1,5 @@
-// kvctl doctor: what this host offers to kvnode (UCX transports, RDMA NICs, CUDA devices).
+// kvctl doctor: what this host offers to kvnode (UCX transports and memory types, the path a
+// device pool would take, RDMA NICs, CUDA devices).
 // Human output is a short aligned table; --json prints one JSON object. Always exits 0: a missing
 // GPU or NIC is a fact to report, not an error.
 #include <iomanip>
@@ -10,6 +11,7 @@
 #include "commands.hpp"
 #include "kvnode/gpu/device_probe.hpp"
 #include "kvnode/gpu/rdma_probe.hpp"
+#include "kvnode/transfer/device_path.hpp"
 #include "kvnode/transfer/ucx_probe.hpp"
 
 namespace kvctl {
@@ -28,6 +30,13 @@ std::string join(const std::vector<std::string>& items) {
   std::string out;
   for (const auto& item : items) out += (out.empty() ? "" : ", ") + item;
   return out.empty() ? "-" : out;
+}
+
+// What a node's device pool would take here with the default kvnode_gpudirect (auto): the
+// plane's own decision, from the memory types this UCX reports.
+kvnode::transfer::PoolPathChoice device_pool_path(const kvnode::transfer::UcxProbe& ucx) {
+  return kvnode::transfer::choose_pool_path(kvnode::gpu::MemoryKind::kDevice, ucx.memory_type_mask,
+                                            kvnode::transfer::GpuDirect::kAuto);
 }
 
 std::string cuda_version(int v) {
@@ -54,6 +63,9 @@ json to_json(const Report& r) {
            {{"version", r.ucx.version},
             {"transports", r.ucx.transports},
             {"memory_types", r.ucx.memory_types},
+            {"device_pools", kvnode::transfer::to_string(device_pool_path(r.ucx).path)},
+            {"device_pools_detail",
+             kvnode::transfer::describe(device_pool_path(r.ucx), r.ucx.memory_type_mask)},
             {"note", r.ucx.note}}},
           {"rdma", {{"devices", rdma}, {"note", r.rdma.note}}},
           {"cuda",
@@ -74,6 +86,7 @@ void print_table(const Report& r) {
   row("version", r.ucx.version);
   row("transports", join(r.ucx.transports));
   row("memory types", join(r.ucx.memory_types));
+  row("device pools", kvnode::transfer::describe(device_pool_path(r.ucx), r.ucx.memory_type_mask));
   if (!r.ucx.note.empty()) row("note", r.ucx.note);
   std::cout << "RDMA\n";
   for (const auto& d : r.rdma.devices) {

@@ -32,8 +32,6 @@ std::size_t session_cap(std::size_t wanted) {
 // ---- Start and stop ---------------------------------------------------------------------------
 
 Status TransferPlane::Impl::start_staging() {
-  // UCX as Debian builds it cannot register GPU memory, so device pools always stage; a UCX with
-  // CUDA support would let the pool be registered directly (not wired up yet).
   gpu::PoolOptions ring;
   ring.page_bytes = pool_.page_bytes;
   ring.pages = options_.staging_slots;
@@ -55,12 +53,65 @@ Status TransferPlane::Impl::start_staging() {
   return {};
 }
 
+// Which way the pool reaches UCX (device_path.hpp), from the memory types the context registers,
+// logged once: "device pool: GPUDirect through UCX (memory types: host, cuda)".
+Status TransferPlane::Impl::choose_path() {
+  if (Result<std::uint64_t> types = context_->memory_types())
+    ucx_memory_types_ = *types;
+  else
+    spdlog::warn("transfer plane: {}", types.error().message);
+  path_ = choose_pool_path(memory_kind_, ucx_memory_types_, options_.gpudirect);
+  // A host pool staged on request is the tests' stand-in: start_staging() logs that.
+  if (memory_kind_ != gpu::MemoryKind::kDevice && options_.stage_through_host)
+    return start_staging();
+  spdlog::info("transfer plane: {} pool: {}", gpu::to_string(memory_kind_),
+               describe(path_, ucx_memory_types_));
+  if (path_.path == PoolPath::kStaged) return start_staging();
+  if (path_.path == PoolPath::kGpuDirect) {
+    // Eager active messages land in host buffers UCX owns: only a CUDA copy takes them into the
+    // pool (RMA and rendezvous go to GPU memory directly).
+    Result<std::unique_ptr<gpu::CopyEngine>> engine = gpu::make_cuda_copy_engine(device_);
+    if (!engine) return engine.error();
+    engine_ = std::move(engine).value();
+  }
+  return {};
+}
+
+// UCX's CUDA transports work in the calling thread's CUDA context: the copy engine makes the
+// pool's device current before each copy, so an empty copy binds the progress thread to it.
+void TransferPlane::Impl::bind_device() {
+  Result<gpu::CopyEngine::Ticket> ticket = engine_->copy(pool_.base, pool_.base, 0);
+  if (!ticket) {
+    spdlog::warn("transfer plane: binding the progress thread to GPU {}: {}", device_,
+                 ticket.error().message);
+    return;
+  }
+  for (Result<bool> done = engine_->done(*ticket); done && !*done;) done = engine_->done(*ticket);
+}
+
+// One registration for everything UCX touches: the pool (as CUDA memory for GPUDirect), or the
+// staging ring instead. A device pool UCX cannot register after all is staged.
+Result<ucx::Registration> TransferPlane::Impl::register_memory() {
+  if (ring_)
+    return ucx::Registration::map(*context_, ring_->region().data(), ring_->region().size());
+  const bool gpudirect = path_.path == PoolPath::kGpuDirect;
+  Result<ucx::Registration> reg =
+      ucx::Registration::map(*context_, pool_.base, pool_.page_bytes * pool_.pages,
+                             gpudirect ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_UNKNOWN);
+  if (reg || !gpudirect) return reg;
+  spdlog::warn("transfer plane: GPUDirect registration of the device pool failed ({})",
+               reg.error().message);
+  path_ = {PoolPath::kStaged, PathReason::kUcxRefusedPool};
+  engine_.reset();
+  spdlog::info("transfer plane: {} pool: {}", gpu::to_string(memory_kind_),
+               describe(path_, ucx_memory_types_));
+  if (Status s = start_staging(); !s) return s.error();
+  return register_memory();
+}
+
 Status TransferPlane::Impl::init() {
   ask_handler_ = options_.on_ask;
   options_.max_sessions = session_cap(options_.max_sessions);
-  if (memory_kind_ == gpu::MemoryKind::kDevice || options_.stage_through_host) {
-    if (Status s = start_staging(); !s) return s;
-  }
   ucx::ContextOptions co;
   co.tls = options_.tls;
   co.net_devices = options_.net_devices;
@@ -68,11 +119,9 @@ Status TransferPlane::Impl::init() {
   Result<ucx::Context> context = ucx::Context::create(co);
   if (!context) return context.error();
   context_.emplace(std::move(context).value());
+  if (Status s = choose_path(); !s) return s;
   const auto t0 = Clock::now();
-  // One registration for everything UCX touches: the pool, or the staging ring instead.
-  Result<ucx::Registration> reg =
-      ring_ ? ucx::Registration::map(*context_, ring_->region().data(), ring_->region().size())
-            : ucx::Registration::map(*context_, pool_.base, pool_.page_bytes * pool_.pages);
+  Result<ucx::Registration> reg = register_memory();
   if (!reg) return reg.error();
   registration_.emplace(std::move(reg).value());
   spdlog::info("transfer plane: registered {} pages of {} bytes in {} ms", pool_.pages,
@@ -164,6 +213,7 @@ void TransferPlane::Impl::cancel(TransferId id) {
 // ---- The progress thread ----------------------------------------------------------------------
 
 void TransferPlane::Impl::run() {
+  if (path_.path == PoolPath::kGpuDirect) bind_device();
   while (!stopping_) {
     unsigned n = drain_commands();
     n += listener_->progress();

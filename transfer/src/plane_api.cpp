@@ -47,6 +47,14 @@ const char* to_string(Failure f) {
 
 // ---- TransferPlane ----------------------------------------------------------------------------
 
+PoolPathChoice TransferPlane::pool_path() const {
+  return impl_->pool_path();
+}
+
+std::uint64_t TransferPlane::ucx_memory_types() const {
+  return impl_->ucx_memory_types();
+}
+
 Result<std::unique_ptr<TransferPlane>> TransferPlane::start(const PlaneOptions& options,
                                                             const gpu::ChunkPool& pool) {
   auto impl = std::make_unique<Impl>(options, pool);

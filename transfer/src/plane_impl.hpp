@@ -44,6 +44,8 @@ class TransferPlane::Impl {
     std::lock_guard lock(counters_mutex_);
     return counters_;
   }
+  PoolPathChoice pool_path() const { return path_; }
+  std::uint64_t ucx_memory_types() const { return ucx_memory_types_; }
 
  private:
   struct Command {
@@ -100,12 +102,21 @@ class TransferPlane::Impl {
   gpu::MemoryKind memory_kind_ = gpu::MemoryKind::kHost;
   int device_ = 0;
   Status start_staging();
-  const Staging* staging() const { return engine_ ? &staging_ : nullptr; }
+  Status choose_path();
+  Result<ucx::Registration> register_memory();
+  void bind_device();
+  const Staging* staging() const { return ring_ ? &staging_ : nullptr; }
+  // GPUDirect: the engine that lands eager payloads in the device pool.
+  gpu::CopyEngine* pool_copier() const {
+    return path_.path == PoolPath::kGpuDirect ? engine_.get() : nullptr;
+  }
+  PoolPathChoice path_;
+  std::uint64_t ucx_memory_types_ = 0;
   PeerDescriptor pool_descriptor_;  // ours; each session adds its worker address
   std::string url_;
 
   // Acquired in this order, released in reverse (sessions go first, on the thread).
-  std::unique_ptr<gpu::CopyEngine> engine_;  // set when the pool is staged
+  std::unique_ptr<gpu::CopyEngine> engine_;  // set when the pool is staged or GPUDirect
   std::optional<gpu::ChunkPool> ring_;       // the staging slots, registered instead of the pool
   Staging staging_;
   std::optional<ucx::Context> context_;

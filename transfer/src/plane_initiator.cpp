@@ -13,6 +13,7 @@ SessionSetup TransferPlane::Impl::session_setup(std::string peer) const {
   setup.pool = pool_;
   setup.protocol = options_.protocol;
   setup.staging = staging();
+  setup.pool_copier = pool_copier();
   setup.ask_handler = &ask_handler_;
   return setup;
 }

@@ -21,6 +21,7 @@ Session::Session(const SessionSetup& setup, ucx::Worker worker)
       pool_(setup.pool),
       requested_(setup.protocol),
       staging_(setup.staging),
+      copier_(setup.staging ? setup.staging->engine : setup.pool_copier),
       ask_handler_(setup.ask_handler),
       worker_(std::move(worker)) {
   if (staging_) slot_return_.ring = staging_->ring;
@@ -45,7 +46,7 @@ Session::~Session() {
   const auto until = Clock::now() + std::chrono::seconds(5);
   for (Copy& c : copies_) {
     while (Clock::now() < until) {
-      Result<bool> done = staging_->engine->done(c.ticket);
+      Result<bool> done = copier_->done(c.ticket);
       if (!done || *done) break;
     }
     if (c.slot) slot_return_.slots.push_back(*c.slot);
@@ -144,7 +145,7 @@ unsigned Session::progress() {
     run(d);
     ++n;
   }
-  if (staging_) n += poll_copies();
+  if (copier_) n += poll_copies();
   for (auto it = ops_.begin(); it != ops_.end();) {
     if (it->request == nullptr) {
       ++it;

@@ -55,6 +55,9 @@ struct SessionSetup {
   PoolView pool;
   Protocol protocol = Protocol::kAuto;  // what the plane was asked to use
   const Staging* staging = nullptr;     // set when our pool moves through a staging ring
+  // Set when our pool is device memory UCX registered itself (GPUDirect): eager active messages
+  // arrive in host buffers, and only the GPU's copy engine can put them in the pool.
+  gpu::CopyEngine* pool_copier = nullptr;
   const AskHandler* ask_handler = nullptr;
 };
 
@@ -124,7 +127,7 @@ class Session {
     am::AskHeader ask{};
     std::vector<std::byte> body;  // kAsk / kAnswer
   };
-  struct Copy {  // a staging copy in flight, and what follows when it lands
+  struct Copy {  // a copy in flight (staging, or an eager payload into a device pool)
     gpu::CopyEngine::Ticket ticket = 0;
     CopyKind kind = CopyKind::kPullLanded;
     TransferId xfer = 0;
@@ -168,7 +171,8 @@ class Session {
   virtual void serve(Deferred& d) = 0;
   virtual void landed(Copy& copy, const Status& status) = 0;
 
-  // Staging (session_staging.cpp): slots, copies, and the work waiting for a free slot.
+  // Staging (session_staging.cpp): slots, copies (copier_: the staging ring's engine, or the
+  // device pool's where UCX registered it directly), and the work waiting for a free slot.
   std::optional<gpu::PageId> take_slot();
   void give_slot(gpu::PageId slot);
   std::byte* slot_bytes(gpu::PageId slot) const { return staging_->ring->page(slot); }
@@ -193,6 +197,7 @@ class Session {
   PoolView pool_;
   Protocol requested_;
   const Staging* staging_;
+  gpu::CopyEngine* copier_;  // null when the CPU writes the pool itself
   Protocol protocol_ = Protocol::kActiveMessage;
   std::string transport_;
   PeerDescriptor remote_;

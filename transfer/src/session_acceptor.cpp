@@ -223,7 +223,7 @@ ucs_status_t AcceptorSession::on_push_data(void* arg, const void* header, std::s
     s->deferred_.push_back(std::move(d));
     return UCS_INPROGRESS;
   }
-  if (s->staging_) {
+  if (s->copier_) {  // staged, or a device pool: only the copy engine reaches it
     s->start_copy(Copy{0,
                        CopyKind::kServeLanded,
                        0,

@@ -45,7 +45,7 @@ ucs_status_t InitiatorSession::on_pull_data(void* arg, const void* header,
     s->deferred_.push_back(std::move(d));
     return UCS_INPROGRESS;  // keeps `data` for ucp_am_recv_data_nbx
   }
-  if (s->staging_) {
+  if (s->copier_) {  // staged, or a device pool: only the copy engine reaches it
     s->start_copy(Copy{0, CopyKind::kPullLanded, x->id, h->run, std::nullopt, {}, {}},
                   s->pool_.page(run.local), data, length);
     return UCS_OK;

@@ -1,5 +1,6 @@
 // Session, the staging half both roles share: slots of the staging ring and the copies between
-// chunk pages and slots. What follows when a copy lands is the role's: landed() in
+// chunk pages and slots (and, for a device pool UCX registered directly, the copies of eager
+// payloads into its pages). What follows when a copy lands is the role's: landed() in
 // session_initiator.cpp (finish a pulled run, send a pushed one) and session_acceptor.cpp (send a
 // served run, acknowledge a pushed one).
 #include "session.hpp"
@@ -23,7 +24,7 @@ void Session::give_slot(gpu::PageId slot) {
 }
 
 void Session::start_copy(Copy copy, void* dst, const void* src, std::size_t bytes) {
-  Result<gpu::CopyEngine::Ticket> ticket = staging_->engine->copy(dst, src, bytes);
+  Result<gpu::CopyEngine::Ticket> ticket = copier_->copy(dst, src, bytes);
   if (!ticket) return landed(copy, Status{ticket.error()});
   copy.ticket = *ticket;
   copies_.push_back(copy);
@@ -32,7 +33,7 @@ void Session::start_copy(Copy copy, void* dst, const void* src, std::size_t byte
 unsigned Session::poll_copies() {
   unsigned n = 0;
   for (auto it = copies_.begin(); it != copies_.end();) {
-    Result<bool> done = staging_->engine->done(it->ticket);
+    Result<bool> done = copier_->done(it->ticket);
     if (done && !*done) {
       ++it;
       continue;

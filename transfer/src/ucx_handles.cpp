@@ -48,6 +48,14 @@ Result<Context> Context::create(const ContextOptions& options) {
   return Context(context);
 }
 
+Result<std::uint64_t> Context::memory_types() const {
+  ucp_context_attr_t attr{};
+  attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+  if (ucs_status_t st = ucp_context_query(get(), &attr); st != UCS_OK)
+    return status_error("ucp_context_query", st);
+  return std::uint64_t{attr.memory_types};
+}
+
 Result<Worker> Worker::create(const Context& context) {
   ucp_worker_params_t params{};
   params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
@@ -105,11 +113,16 @@ Status Worker::wait(ucs_status_ptr_t request, Clock::time_point deadline, const 
   return {};
 }
 
-Result<Registration> Registration::map(const Context& context, void* address, std::size_t length) {
+Result<Registration> Registration::map(const Context& context, void* address, std::size_t length,
+                                       ucs_memory_type_t type) {
   ucp_mem_map_params_t params{};
   params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
   params.address = address;
   params.length = length;
+  if (type != UCS_MEMORY_TYPE_UNKNOWN) {
+    params.field_mask |= UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+    params.memory_type = type;
+  }
   ucp_mem_h memh = nullptr;
   if (ucs_status_t st = ucp_mem_map(context.get(), &params, &memh); st != UCS_OK)
     return status_error("ucp_mem_map", st);

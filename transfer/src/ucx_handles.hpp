@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -29,13 +30,16 @@ struct ContextOptions {
   std::optional<std::string> tls;          // UCX_TLS for this context; unset: environment or UCX
   std::optional<std::string> net_devices;  // UCX_NET_DEVICES, e.g. "lo" to keep tcp on loopback
   bool wakeup = false;                     // workers get an event fd (Worker::event_fd) to sleep on
-  // Room to grow: estimated endpoint count, memory types.
+  // Room to grow: estimated endpoint count.
 };
 
 class Context {
  public:
   static Result<Context> create(const ContextOptions& options = {});
   ucp_context_h get() const { return handle_.get(); }
+  // The memory types this context registers and moves (ucp_context_query): a bitmap with bit n
+  // for ucs_memory_type_t n; CUDA among them means GPU memory can be registered directly.
+  Result<std::uint64_t> memory_types() const;
 
  private:
   struct Cleanup {
@@ -75,7 +79,10 @@ class Worker {
 // A local buffer registered for RMA; its packed rkey lets a peer read or write it.
 class Registration {
  public:
-  static Result<Registration> map(const Context& context, void* address, std::size_t length);
+  // `type`: what the memory is (UCS_MEMORY_TYPE_CUDA for a device pool registered directly);
+  // UNKNOWN lets UCX find out.
+  static Result<Registration> map(const Context& context, void* address, std::size_t length,
+                                  ucs_memory_type_t type = UCS_MEMORY_TYPE_UNKNOWN);
   Result<Bytes> packed_rkey() const;
   void* address() const { return address_; }
   std::size_t length() const { return length_; }

@@ -64,20 +64,20 @@ std::vector<std::string> parse_resources(const std::string& info) {
   return out;
 }
 
-std::vector<std::string> memory_type_names(std::uint64_t mask) {
-  std::vector<std::string> out;
-  for (int t = 0; t < UCS_MEMORY_TYPE_LAST; ++t) {
-    if (mask & (std::uint64_t{1} << t)) out.emplace_back(ucs_memory_type_names[t]);
-  }
-  return out;
-}
-
 std::vector<std::string> transports_from_env() {
   const char* tls = std::getenv("UCX_TLS");
   return {tls != nullptr && *tls != '\0' ? std::string("UCX_TLS=") + tls : "default"};
 }
 
 }  // namespace
+
+std::vector<std::string> ucx_memory_type_names(std::uint64_t mask) {
+  std::vector<std::string> out;
+  for (int t = 0; t < UCS_MEMORY_TYPE_LAST; ++t) {
+    if (mask & (std::uint64_t{1} << t)) out.emplace_back(ucs_memory_type_names[t]);
+  }
+  return out;
+}
 
 UcxProbe probe_ucx() {
   UcxProbe probe;
@@ -103,7 +103,8 @@ UcxProbe probe_ucx() {
   ucp_context_attr_t attr{};
   attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
   if (const ucs_status_t st = ucp_context_query(context.get(), &attr); st == UCS_OK) {
-    probe.memory_types = memory_type_names(attr.memory_types);
+    probe.memory_type_mask = attr.memory_types;
+    probe.memory_types = ucx_memory_type_names(attr.memory_types);
   } else {
     probe.note = std::string("ucp_context_query failed: ") + ucs_status_string(st);
   }

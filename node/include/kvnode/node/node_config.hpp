@@ -33,7 +33,10 @@ struct NodeConfig {
   std::size_t chunk_bytes = 0;  // bytes per chunk; 0: from the KV shape below
   std::uint32_t kv_layers = 32, kv_heads = 8, kv_head_size = 128;
   std::string kv_dtype = "bfloat16";
-  std::string memory = "host";             // host, pinned or device
+  std::string memory = "host";  // host, pinned or device
+  // Device pools: "auto" registers them with UCX directly (GPUDirect) where UCX registers CUDA
+  // memory, else stages them through pinned memory; "off" always stages.
+  std::string gpudirect = "auto";
   std::string advertise_ip = "127.0.0.1";  // where the controller reaches the REP port
   int http_port = 0;                       // /metrics and /health; 0: a free port; < 0: off
   std::string http_host = "127.0.0.1";

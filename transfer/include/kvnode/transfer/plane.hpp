@@ -25,6 +25,7 @@
 
 #include "kvnode/common/result.hpp"
 #include "kvnode/gpu/chunk_pool.hpp"
+#include "kvnode/transfer/device_path.hpp"
 #include "kvnode/transfer/peer_transport.hpp"
 
 namespace kvnode::transfer {
@@ -44,9 +45,12 @@ struct PlaneOptions {
   // How long the progress thread busy-polls after the last event before sleeping on UCX's
   // wake-up fd: latency against idle CPU.
   std::chrono::microseconds spin{200};
-  // Device pools move through a ring of pinned host pages (UCX without CUDA cannot touch GPU
-  // memory): each chunk is copied with cudaMemcpyAsync between its page and a slot, and the slot
-  // is what UCX sends or receives. More slots, more chunks in flight.
+  // Device pools: registered with UCX directly (GPUDirect) when UCX registers CUDA memory and
+  // this is kAuto (device_path.hpp); otherwise staged.
+  GpuDirect gpudirect = GpuDirect::kAuto;
+  // A staged device pool moves through a ring of pinned host pages: each chunk is copied with
+  // cudaMemcpyAsync between its page and a slot, and the slot is what UCX sends or receives.
+  // More slots, more chunks in flight.
   std::size_t staging_slots = 16;
   // Moves a host pool the same way, with memcpy in place of CUDA: the staging path's stand-in
   // for tests and diagnosis on hosts without a GPU.
@@ -111,6 +115,10 @@ class TransferPlane final : public PeerTransport {
                                                   TransferOptions options = {}) override;
 
   PlaneCounters counters() const;
+  // How the pool reaches UCX, decided (and logged) at start: as it is, GPUDirect or staged; and
+  // the memory types UCX reported (device_path.hpp), from which it was decided.
+  PoolPathChoice pool_path() const;
+  std::uint64_t ucx_memory_types() const;
 
   class Impl;
 
