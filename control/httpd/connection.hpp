@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <string>
 
+#include "body_budget.hpp"
 #include "kvnode/common/unique_fd.hpp"
 
 namespace kvnode::httpd {
@@ -38,7 +39,7 @@ struct Connection {
   Clock::time_point deadline;  // end of the current phase (headers, then body)
   bool timed_out = false;
   bool close_after = false;       // answered without reading the body: the stream is out of step
-  std::size_t reserved_body = 0;  // bytes of the in-flight budget this request holds
+  BodyShare budget;               // the in-flight budget this request's body buffers hold
   std::size_t declared_body = 0;  // its Content-Length
   std::size_t unread_body = 0;    // a refused body still on its way
   int refusal_status = 0;         // set before routing: answer this instead of routing

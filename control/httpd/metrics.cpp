@@ -26,6 +26,9 @@ std::string prometheus_text(const Counters& c, const std::string& prefix) {
       "HTTP request bodies refused (400, 411, 413, 415, 503).", c.bodies_refused);
   add(out, p + "headers_refused_total", "counter",
       "HTTP requests refused 431: request line and headers over 64 KiB.", c.headers_refused);
+  add(out, p + "body_bytes_in_flight", "gauge",
+      "Bytes of buffers holding HTTP request bodies being read (the in-flight body budget used).",
+      c.body_bytes_in_flight);
   return out;
 }
 

@@ -15,6 +15,7 @@ constexpr int kBadRequest = 400;
 constexpr int kNotFound = 404;
 constexpr int kLengthRequired = 411;
 constexpr int kPayloadTooLarge = 413;
+constexpr int kRequestTimeout = 408;
 constexpr int kUnsupportedMediaType = 415;
 constexpr int kMethodNotAllowed = 405;
 constexpr int kUnavailable = 503;
@@ -22,6 +23,11 @@ constexpr std::size_t kMiB = std::size_t{1} << 20;
 constexpr std::size_t kKiB = std::size_t{1} << 10;
 // Chunk-size lines and trailers a chunked body may add to its bytes on the wire.
 constexpr std::size_t kChunkFramingSlack = 64 * kKiB;
+// How long a body may wait for the budget (other bodies finishing) before it is refused.
+constexpr auto kBudgetPatience = std::chrono::seconds(5);
+// A body's first buffer (or its length, if smaller): charged when its headers are admitted. Most
+// bodies fit; larger ones double from here as their bytes arrive.
+constexpr std::size_t kFirstBodyBuffer = 64 * kKiB;
 
 // Digits only: httplib's strtoull would also take "+5", " 5" and "5x".
 std::optional<std::size_t> parse_length(const std::string& text) {
@@ -82,19 +88,60 @@ void RequestGate::route(const std::string& method, const std::string& path,
     if (std::string_view(".^$|()[]{}*+?\\").find(ch) != std::string_view::npos) pattern += '\\';
     pattern += ch;
   }
-  auto wrapped = [this, handler = std::move(handler)](const httplib::Request& req,
-                                                      httplib::Response& res) {
-    handler(req, res);
-    // The body is read and handled: its budget is free before the answer is written, so a
-    // client that has the answer finds the budget back.
-    if (current != nullptr) return_budget(*current);
-    // The answer may take as long to write as a body to read (a handler can wait for workers).
-    if (current != nullptr) current->deadline = Clock::now() + limits_.body_timeout;
+  if (method == "GET") {
+    engine_.Get(pattern, [this, handler = std::move(handler)](const httplib::Request& req,
+                                                              httplib::Response& res) {
+      handler(req, res);
+      // The answer may take as long to write as a body to read (a handler can wait for workers).
+      if (current != nullptr) current->deadline = Clock::now() + limits_.body_timeout;
+    });
+    return;
+  }
+  // httplib hands a content reader, not the body: the body is read here, under the budget.
+  auto post = [this, handler = std::move(handler)](const httplib::Request& req,
+                                                   httplib::Response& res,
+                                                   const httplib::ContentReader& reader) {
+    if (current != nullptr) serve_post(*current, handler, req, res, reader);
   };
-  if (method == "GET")
-    engine_.Get(pattern, std::move(wrapped));
-  else
-    engine_.Post(pattern, std::move(wrapped));
+  engine_.Post(pattern, httplib::Server::HandlerWithContentReader(std::move(post)));
+}
+
+std::size_t RequestGate::peak_budget(std::size_t length) {
+  std::size_t step = kFirstBodyBuffer;  // the buffers a body of `length` passes through
+  while (2 * step < length) step *= 2;
+  return length <= kFirstBodyBuffer ? length : step + length;
+}
+
+void RequestGate::serve_post(Connection& c, const Server::Handler& handler,
+                             const httplib::Request& req, httplib::Response& res,
+                             const httplib::ContentReader& reader) {
+  std::string body;
+  // A body not read whole is freed, and its budget back, before the answer is written: a client
+  // that has the answer finds the budget back.
+  auto give_up = [&] {
+    std::string().swap(body);
+    return_budget(c);
+  };
+  try {
+    if (!read_body(c, reader, body, res)) return give_up();
+  } catch (...) {
+    // Out of memory or a fault mid-body (httplib answers 500): the rest of the body is unread,
+    // so the connection ends after the answer, and the answer says so.
+    c.close_after = true;
+    res.set_header("Connection", "close");
+    give_up();
+    throw;
+  }
+  {
+    httplib::Request with_body = req;  // httplib's is const
+    with_body.body = std::move(body);
+    handler(with_body, res);
+  }
+  // The body is handled and freed: its budget comes back before the answer is written, so a
+  // client that has the answer finds the budget back.
+  return_budget(c);
+  // The answer may take as long to write as a body to read (a handler can wait for workers).
+  c.deadline = Clock::now() + limits_.body_timeout;
 }
 
 bool RequestGate::process(Connection& c, ConnectionStream& stream, bool last, bool& client_closes) {
@@ -136,10 +183,10 @@ void RequestGate::admit_body(Connection& c, httplib::Request& req) {
     }
     return;
   }
+  const auto known = methods_.find(req.path);
   if (!has_length && !chunked) {
     // httplib would read until the client closes, uncounted. A method the path does not take
     // is answered 405 before any body is read.
-    const auto known = methods_.find(req.path);
     if (known == methods_.end()) return refuse(kNotFound, "Not Found", 0);
     if (known->second.count(req.method) != 0)
       return refuse(kLengthRequired, "a request body needs Content-Length", 0);
@@ -168,18 +215,93 @@ void RequestGate::admit_body(Connection& c, httplib::Request& req) {
   if (length > limits_.max_body_bytes)
     return refuse(kPayloadTooLarge,
                   "Request body too large (limit " + mib(limits_.max_body_bytes) + ")", unread);
-  if (limits_.max_bodies_in_flight_bytes > 0) {
-    std::size_t now = in_flight_.load();
-    do {
-      if (now + length > limits_.max_bodies_in_flight_bytes)
-        return refuse(kUnavailable,
-                      "request bodies being read are over their budget of " +
-                          mib(limits_.max_bodies_in_flight_bytes) + ": retry later",
-                      unread);
-    } while (!in_flight_.compare_exchange_weak(now, now + length));
-    c.reserved_body = length;
+  // Only our routes read a body (under the budget): httplib would read one for a 404 uncounted.
+  if (known == methods_.end()) return refuse(kNotFound, "Not Found", unread);
+  // The first buffer only: the rest is charged as the body arrives (make_room).
+  if (!charge(c, std::min(length, kFirstBodyBuffer)))
+    return refuse(kUnavailable, over_budget(), unread);
+}
+
+std::string RequestGate::over_budget() const {
+  return "request bodies being read are over their budget of " +
+         mib(limits_.max_bodies_in_flight_bytes) + ": retry later";
+}
+
+bool RequestGate::read_body(Connection& c, const httplib::ContentReader& reader, std::string& body,
+                            httplib::Response& res) {
+  const bool whole = reader([&](const char* data, std::size_t n) {
+    if (!make_room(c, body, n)) return false;
+    body.append(data, n);
+    return true;
+  });
+  if (whole) return true;
+  // httplib has set 400 whatever went wrong: say what did. The connection closes after the
+  // answer (the stream is out of step); a refused body is drained first so the client reads it.
+  c.close_after = true;
+  int status = kBadRequest;
+  std::string text = "request body incomplete or malformed";
+  if (c.refusal_status != 0) {
+    status = c.refusal_status;
+    text = c.refusal_detail;
+  } else if (c.timed_out) {
+    status = kRequestTimeout;
+    text = "request body not received in time (" +
+           std::to_string(limits_.body_timeout.count() / 1000) + " s in all, at least " +
+           std::to_string(limits_.min_body_bytes_per_second / kKiB) + " KiB/s after " +
+           std::to_string(limits_.body_grace.count() / 1000) + " s)";
+  } else if (c.body_cap > 0 && c.body_read > c.body_cap) {
+    status = kPayloadTooLarge;
+    text = "Request body too large (limit " + mib(limits_.max_body_bytes) + ")";
   }
-  if (!chunked) req.body.reserve(length);  // one allocation instead of doublings up to 2x
+  res.status = status;
+  res.set_header("Connection", "close");
+  res.set_content(detail(text), "application/json");
+  return false;
+}
+
+bool RequestGate::make_room(Connection& c, std::string& body, std::size_t more) {
+  const std::size_t needed = body.size() + more;
+  if (needed <= body.capacity()) return true;
+  // A Content-Length bounds the body (httplib reads no more); a chunked one may grow to the limit.
+  const std::size_t bound = c.declared_body > 0 ? c.declared_body : limits_.max_body_bytes;
+  if (needed > bound) {
+    c.refusal_status = kPayloadTooLarge;
+    c.refusal_detail = "Request body too large (limit " + mib(limits_.max_body_bytes) + ")";
+    refused_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  // Doubling: a body holds at most twice what it received and is copied about once in all.
+  const std::size_t target =
+      std::min(bound, std::max({needed, 2 * body.capacity(), kFirstBodyBuffer}));
+  // Both buffers exist while the bytes are copied: both are charged until the old one is freed.
+  const std::size_t held = body.empty() ? 0 : body.capacity();  // an empty string has no heap
+  if (held + target > c.budget.bytes && !charge(c, held + target - c.budget.bytes)) {
+    c.refusal_status = kUnavailable;
+    c.refusal_detail = over_budget();
+    refused_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  if (faults_.body_buffer) faults_.body_buffer(target);
+  std::string bigger;
+  bigger.reserve(target);
+  bigger.append(body);
+  body.swap(bigger);
+  std::string().swap(bigger);  // frees the old buffer
+  uncharge(c, c.budget.bytes - target);
+  return true;
+}
+
+bool RequestGate::charge(Connection& c, std::size_t bytes) {
+  const auto asked = Clock::now();
+  const bool taken = budget_.charge(c.budget, bytes, std::min(c.deadline, asked + kBudgetPatience));
+  // Time spent waiting for the budget is the server's, not the client's: not held against its
+  // minimum rate.
+  c.body_grace += std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - asked);
+  return taken;
+}
+
+void RequestGate::uncharge(Connection& c, std::size_t bytes) {
+  budget_.release(c.budget, bytes);
 }
 
 httplib::Server::HandlerResponse RequestGate::before_routing(const httplib::Request& req,
@@ -209,9 +331,7 @@ httplib::Server::HandlerResponse RequestGate::before_routing(const httplib::Requ
 }
 
 void RequestGate::return_budget(Connection& c) {
-  if (c.reserved_body == 0) return;
-  in_flight_.fetch_sub(c.reserved_body);
-  c.reserved_body = 0;
+  uncharge(c, c.budget.bytes);
 }
 
 void RequestGate::release(Connection& c) {

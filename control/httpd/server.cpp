@@ -201,7 +201,9 @@ void Server::Impl::poll_loop() {
 // wait in epoll until their deadline, and a client that closed or sent too much is dropped.
 void Server::Impl::read_headers(Connection& c) {
   const bool open = read_available(c.fd.get(), c.buffer);
-  if (!open) return close_connection(c);
+  // A client may send its request and shut down its side at once (curl, nc -N): it still gets
+  // its answer, and the connection closes after it (the next read finds the end).
+  if (!open && !c.has_headers(kMaxHeaderBytes)) return close_connection(c);
   if (c.has_headers(kMaxHeaderBytes)) {
     std::lock_guard lock(mutex);
     c.state = Connection::State::kBusy;
@@ -406,6 +408,9 @@ void Server::post(const std::string& path, Handler handler) {
 httplib::Server& Server::raw() {
   return impl_->engine;
 }
+void Server::inject_faults(FaultHooks hooks) {
+  impl_->gate.inject_faults(std::move(hooks));
+}
 const Limits& Server::limits() const {
   return impl_->limits;
 }
@@ -422,6 +427,14 @@ Result<int> Server::start(const std::string& host, int port) {
     s.limits.max_connections = std::max<std::size_t>(share, 1);
     s.refusal = too_many_connections(s.limits.max_connections);
   }
+  // A body's buffer doubles as it arrives and both buffers count while one is copied.
+  const std::size_t budget = s.limits.max_bodies_in_flight_bytes;
+  const std::size_t peak = RequestGate::peak_budget(s.limits.max_body_bytes);
+  if (budget > 0 && budget < peak)
+    spdlog::warn(
+        "{}: HTTP body budget of {} bytes is under the {} a body at the limit ({}) needs "
+        "at its peak: such a body is refused 503 even alone",
+        s.name, budget, peak, s.limits.max_body_bytes);
   int bound = -1;
   if (port == 0) {
     bound = s.engine.bind_to_any_port(host);
@@ -504,6 +517,7 @@ Counters Server::counters() const {
   c.requests_timed_out = s.timed_out.load(std::memory_order_relaxed);
   c.bodies_refused = s.gate.refused();
   c.headers_refused = s.headers_refused.load(std::memory_order_relaxed);
+  c.body_bytes_in_flight = s.gate.in_flight();
   return c;
 }
 

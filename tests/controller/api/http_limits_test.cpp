@@ -81,8 +81,9 @@ class BodyBudgetTest : public ApiTest {
     return b;
   }
 
-  // A client that sent the headers and part of its body and then waits: its body is in flight.
-  int start_slow_request(std::size_t size) {
+  // A client that sent the headers and the first `sent` bytes of its body and then waits: its
+  // body is in flight, holding a buffer for what it sent.
+  int start_slow_request(std::size_t size, std::size_t sent = 100) {
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -92,13 +93,18 @@ class BodyBudgetTest : public ApiTest {
     const std::string head =
         "POST /lookup HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         "Content-Length: " +
-        std::to_string(size) + "\r\n\r\n" + lookup_body(size).substr(0, 100);
-    EXPECT_EQ(::send(fd, head.data(), head.size(), MSG_NOSIGNAL),
-              static_cast<ssize_t>(head.size()));
+        std::to_string(size) + "\r\n\r\n" + lookup_body(size).substr(0, sent);
+    std::size_t put = 0;
+    while (put < head.size()) {
+      const ssize_t n = ::send(fd, head.data() + put, head.size() - put, MSG_NOSIGNAL);
+      if (n <= 0) break;
+      put += static_cast<std::size_t>(n);
+    }
+    EXPECT_EQ(put, head.size());
     return fd;
   }
-  static void finish_slow_request(int fd, std::size_t size) {
-    const std::string rest = lookup_body(size).substr(100);
+  static void finish_slow_request(int fd, std::size_t size, std::size_t already = 100) {
+    const std::string rest = lookup_body(size).substr(already);
     std::size_t sent = 0;
     while (sent < rest.size()) {
       const ssize_t n = ::send(fd, rest.data() + sent, rest.size() - sent, MSG_NOSIGNAL);
@@ -123,11 +129,18 @@ TEST_F(BodyBudgetTest, OverThePerRequestLimitIs413) {
   EXPECT_EQ(post_text("/lookup", lookup_body(2 * kMiB)).status, 200);  // at the limit: served
 }
 
+// The budget counts the buffers of bodies as they arrive: a slow request that sent 1.5 of its
+// 2 MiB holds a 2 MiB buffer, so another 2 MiB body runs out of budget on its way (it waits 5 s
+// for the older one to finish, then 503) while a half-MiB one fits; when the slow one is done,
+// the budget is back.
 TEST_F(BodyBudgetTest, OverTheInFlightBudgetIs503UntilABodyFinishes) {
-  const int slow = start_slow_request(2 * kMiB);  // holds 2 of the 3 MiB
-  // The server reserves once it has read the slow request's headers.
-  ASSERT_TRUE(
-      eventually([&] { return post_text("/lookup", lookup_body(2 * kMiB)).status == 503; }));
+  const std::size_t sent = 3 * kMiB / 2;
+  const int slow = start_slow_request(2 * kMiB, sent);
+  ASSERT_TRUE(eventually([&] {
+    return get("/metrics")
+               .body.find("kvcontroller_http_body_bytes_in_flight " + std::to_string(2 * kMiB) +
+                          "\n") != std::string::npos;
+  }));
   auto r = post_text("/lookup", lookup_body(2 * kMiB));
   EXPECT_EQ(r.status, 503);
   EXPECT_EQ(
@@ -135,8 +148,22 @@ TEST_F(BodyBudgetTest, OverTheInFlightBudgetIs503UntilABodyFinishes) {
       R"({"detail":"request bodies being read are over their budget of 3 MiB: retry later"})");
   EXPECT_EQ(post_text("/lookup", lookup_body(kMiB / 2)).status, 200);  // what fits is served
   EXPECT_EQ(get("/metrics").status, 200);                              // and what has no body
-  finish_slow_request(slow, 2 * kMiB);
+  finish_slow_request(slow, 2 * kMiB, sent);
   EXPECT_EQ(post_text("/lookup", lookup_body(2 * kMiB)).status, 200);  // the budget came back
+  EXPECT_NE(get("/metrics").body.find("kvcontroller_http_body_bytes_in_flight 0\n"),
+            std::string::npos);
+}
+
+// A client that declares the largest body and sends nothing holds only the first buffer: the
+// budget (3 MiB) is not gone after one such client, as it was when the declared length was held.
+TEST_F(BodyBudgetTest, ADeclaredLengthAloneHoldsOnlyTheFirstBuffer) {
+  const int slow = start_slow_request(2 * kMiB, 0);
+  ASSERT_TRUE(eventually([&] {
+    return get("/metrics").body.find("kvcontroller_http_body_bytes_in_flight 65536\n") !=
+           std::string::npos;
+  }));
+  EXPECT_EQ(post_text("/lookup", lookup_body(3 * kMiB / 2)).status, 200);
+  finish_slow_request(slow, 2 * kMiB, 0);
 }
 
 // Sends `bytes` on a new connection and reads until the server closes it (or `patience` ends).

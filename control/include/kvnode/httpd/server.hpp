@@ -4,8 +4,10 @@
 // request is handed to a fixed handler pool only once its headers are complete (the poller reads
 // them), so idle or trickling clients cannot starve /health. Bounded everywhere: connections (503
 // beyond), the time to send the headers and the body, keep-alive (time and requests), body size
-// (413) and the bytes of bodies being read at once (503). A known path asked with another method is
-// 405; JSON bodies are read whatever their Content-Type says (curl -d labels them a form).
+// (413, from the declared length) and the memory of bodies being read at once (503: a body's
+// buffer is charged as it grows with the bytes that arrive, so a slow client holds only about what
+// it sent). A known path asked with another method is 405; JSON bodies are read whatever their
+// Content-Type says (curl -d labels them a form).
 #pragma once
 
 #include <chrono>
@@ -37,8 +39,13 @@ struct Limits {
   std::size_t min_body_bytes_per_second = 64 << 10;
   std::chrono::milliseconds body_grace{5000};
   std::size_t max_requests_per_connection = 1000;
-  std::size_t max_body_bytes = std::size_t{64} << 20;               // per request: 413 beyond
-  std::size_t max_bodies_in_flight_bytes = std::size_t{256} << 20;  // all requests: 503 beyond
+  std::size_t max_body_bytes = std::size_t{64} << 20;  // per request: 413 beyond (declared)
+  // The buffers of all bodies being read: 503 beyond. A body's buffer starts at 64 KiB (or its
+  // length) and doubles as its bytes arrive, up to its length: it holds at most twice what was
+  // received, and both the old and the new buffer are counted while one is copied to the next.
+  // A body that cannot grow waits up to 5 s for others to give budget back (the youngest of the
+  // bodies holding budget is refused when all of them wait).
+  std::size_t max_bodies_in_flight_bytes = std::size_t{256} << 20;
   // After a body at least this large is freed, idle heap goes back to the kernel (the daemons
   // keep up to 64 MiB free per arena, which after large bodies is memory nobody uses).
   std::size_t trim_after_body_bytes = std::size_t{8} << 20;
@@ -46,10 +53,17 @@ struct Limits {
 
 struct Counters {
   std::uint64_t connections_open = 0;
-  std::uint64_t connections_refused = 0;  // over max_connections
-  std::uint64_t requests_timed_out = 0;   // headers or body not sent in time (or too slowly)
-  std::uint64_t bodies_refused = 0;       // 400, 411, 413, 415 and 503 for a body
-  std::uint64_t headers_refused = 0;      // 431: request line and headers over 64 KiB
+  std::uint64_t connections_refused = 0;   // over max_connections
+  std::uint64_t requests_timed_out = 0;    // headers or body not sent in time (or too slowly)
+  std::uint64_t bodies_refused = 0;        // 400, 411, 413, 415 and 503 for a body
+  std::uint64_t headers_refused = 0;       // 431: request line and headers over 64 KiB
+  std::uint64_t body_bytes_in_flight = 0;  // the body budget in use now (bytes of body buffers)
+};
+
+// Test-only fault injection; the daemons never set it. Each hook is called where the server is
+// about to allocate on a client's behalf and may throw (std::bad_alloc), as that allocation would.
+struct FaultHooks {
+  std::function<void(std::size_t bytes)> body_buffer;  // before a body's buffer grows to `bytes`
 };
 
 class Server {
@@ -67,6 +81,8 @@ class Server {
   void post(const std::string& path, Handler handler);
   // For error and exception handlers and the logger; not for routes or timeouts.
   httplib::Server& raw();
+  // Tests only, before start().
+  void inject_faults(FaultHooks hooks);
 
   // Binds (port 0: ephemeral; no SO_REUSEPORT, so a port in use is an error naming its
   // holder) and serves on background threads; returns the bound port.
