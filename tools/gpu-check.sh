@@ -65,7 +65,7 @@ grep -qF "$BUILD_BIN/kvnode" build/bin/node_test ||
 # Steps, each bounded by `timeout` (about 4.5 minutes in all), each ending in one line
 # "gpu-check: STEP PASS|FAIL|SKIPPED ...":
 #   nvidia-smi -L; gpu_test (all; the GPU tests skip themselves without a GPU);
-#   node_test --gtest_filter=KvEngineGpu*:DevicePool*; transfer_test --gtest_filter=DevicePool*;
+#   node_test --gtest_filter=KvEngineGpu*:DevicePool*; transfer_test (device pools, GPUDirect);
 #   kvbench engine --memory all --json (host, and pinned and device where there is a GPU);
 #   the Python package with torch CUDA tensors (tests/python/test_gpu.py) where torch is.
 # Logs, the JSON lines and summary.txt go to $OUT when it is set (the device tool brings them
@@ -144,7 +144,7 @@ fi
 
 gtest gpu_test '*' 45
 gtest node_test 'KvEngineGpu*:DevicePool*' 75
-gtest transfer_test 'DevicePool*' 30
+gtest transfer_test '*DevicePool*:PlanePoolPath*:UcxMemoryTypes*' 30
 
 t0=$SECONDS
 timeout -k 10 120 "$HERE/bin/kvbench" engine --memory all --json >"$LOGS/kvbench_engine.json" \
