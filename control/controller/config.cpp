@@ -24,6 +24,7 @@
 #include "config_values.hpp"
 #include "kvnode/common/nearest_name.hpp"
 #include "kvnode/controller/yaml_file.hpp"
+#include "kvnode/httpd/server.hpp"
 
 // control/CMakeLists.txt does not (yet) pass the project version to this library the way
 // tools/*/CMakeLists.txt do for their binaries; keep this equal to project(VERSION) until it does.
@@ -377,10 +378,19 @@ Status check_timings(const ControllerConfig& c) {
     if (value < 1)
       return make_error(std::string(name) + ": expected an integer >= 1, got " +
                         std::to_string(value));
-  if (c.http_max_bodies_mb < c.http_max_body_mb)
+  // A body's buffer doubles as it arrives and both buffers count while one is copied (about 1.5
+  // times the body): a budget under that refuses every body of the largest size, even alone.
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  const std::size_t peak_mb =
+      (httpd::peak_body_bytes(static_cast<std::size_t>(c.http_max_body_mb) * kMiB) + kMiB - 1) /
+      kMiB;
+  if (static_cast<std::size_t>(c.http_max_bodies_mb) < peak_mb)
     return make_error("http_max_bodies_mb: " + std::to_string(c.http_max_bodies_mb) +
-                      " is below http_max_body_mb (" + std::to_string(c.http_max_body_mb) +
-                      "): no body of the largest size could ever be read");
+                      " is below the " + std::to_string(peak_mb) + " MiB one body of " +
+                      "http_max_body_mb (" + std::to_string(c.http_max_body_mb) +
+                      ") holds at its peak: every body that large would be refused 503; set at "
+                      "least " +
+                      std::to_string(peak_mb));
   if (!(c.full_sync_threshold > 0 && c.full_sync_threshold <= 1))
     return make_error("full_sync_threshold: expected a number in (0, 1], got " +
                       format_number(c.full_sync_threshold));

@@ -7,8 +7,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <cctype>
 #include <cerrno>
+#include <charconv>
+#include <cstdint>
 #include <cstring>
+#include <string_view>
+#include <system_error>
 #include <utility>
 
 namespace kvnode::httpd {
@@ -46,6 +52,43 @@ bool Connection::has_headers(std::size_t within) const {
   return end != std::string::npos && end - begin <= within;
 }
 
+std::optional<std::size_t> Connection::announced_body() const {
+  const std::size_t end = buffer.find("\r\n\r\n", begin);
+  if (end == std::string::npos) return std::nullopt;
+  const std::string_view head(buffer.data() + begin, end - begin);
+  std::optional<std::size_t> body;
+  // Header lines after the request line; names compared without case, values trimmed.
+  for (std::size_t at = head.find("\r\n"); at != std::string_view::npos;) {
+    const std::size_t from = at + 2;
+    at = head.find("\r\n", from);
+    const std::string_view line = head.substr(from, at == std::string_view::npos ? at : at - from);
+    const std::size_t colon = line.find(':');
+    if (colon == std::string_view::npos) continue;
+    std::string name(line.substr(0, colon));
+    for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    std::string_view value = line.substr(colon + 1);
+    while (!value.empty() && (value.front() == ' ' || value.front() == '\t'))
+      value.remove_prefix(1);
+    while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.remove_suffix(1);
+    std::size_t length = SIZE_MAX;  // chunked, or a length the request gate will refuse
+    if (name == "content-length") {
+      std::uint64_t n = 0;
+      const auto [stop, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+      if (ec == std::errc() && stop == value.data() + value.size()) length = n;
+      if (length == 0) continue;
+    } else if (name != "transfer-encoding") {
+      continue;
+    }
+    body = std::max(body.value_or(0), length);
+  }
+  return body;
+}
+
+std::size_t Connection::buffered_past_headers() const {
+  const std::size_t end = buffer.find("\r\n\r\n", begin);
+  return end == std::string::npos ? 0 : buffer.size() - (end + 4);
+}
+
 void Connection::drop_consumed() {
   if (!buffered()) {
     std::string().swap(buffer);  // an idle connection holds no buffer
@@ -53,6 +96,28 @@ void Connection::drop_consumed() {
     buffer.erase(0, begin);
   }
   begin = 0;
+}
+
+bool Connection::drop_arrived() {
+  std::array<char, 16 << 10> sink{};
+  for (;;) {
+    const ssize_t n = ::recv(fd.get(), sink.data(), sink.size(), MSG_DONTWAIT);
+    if (n > 0) {
+      drain_left -= std::min(drain_left, static_cast<std::size_t>(n));
+      if (drain_left == 0) return false;
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+  }
+}
+
+std::string closing_answer(std::string_view status, const std::string& detail,
+                           std::string_view extra_headers) {
+  const std::string body = R"({"detail":")" + detail + R"("})";  // ours: nothing to escape
+  return "HTTP/1.1 " + std::string(status) +
+         "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+         "\r\n" + std::string(extra_headers) + "Connection: close\r\n\r\n" + body;
 }
 
 bool ConnectionStream::wait(short events) const {

@@ -10,7 +10,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "body_budget.hpp"
 #include "kvnode/common/unique_fd.hpp"
@@ -21,8 +23,9 @@ using Clock = std::chrono::steady_clock;
 
 struct Connection {
   // kIdle: in epoll, no byte of a request yet; kHeaders: in epoll, part of the headers
-  // buffered (closed at header_deadline); kBusy: queued for or held by a handler.
-  enum class State { kIdle, kHeaders, kBusy };
+  // buffered (closed at header_deadline); kBusy: queued for or held by a handler; kDraining: in
+  // epoll, refused by the poller, its body read and dropped until drain_deadline.
+  enum class State { kIdle, kHeaders, kBusy, kDraining };
 
   Connection(UniqueFd socket, std::uint64_t connection_id);
 
@@ -32,6 +35,9 @@ struct Connection {
   Clock::time_point idle_deadline;    // while kIdle: closed when it passes
   Clock::time_point header_deadline;  // while kHeaders: closed when it passes
   std::size_t requests = 0;
+  bool body_slot = false;      // kBusy with a body: holds one of the body handler threads
+  std::size_t drain_left = 0;  // kDraining: body bytes still to drop
+  Clock::time_point drain_deadline;
   std::string remote_ip, local_ip;
   int remote_port = 0, local_port = 0;
 
@@ -60,8 +66,21 @@ struct Connection {
   bool buffered() const { return begin < buffer.size(); }
   // Whether the first `within` buffered bytes hold a whole request line and headers.
   bool has_headers(std::size_t within) const;
+  // For whole buffered headers: the body they announce (its Content-Length; SIZE_MAX when
+  // chunked or unreadable), or none (no body framing, or Content-Length 0).
+  std::optional<std::size_t> announced_body() const;
+  // The bytes buffered past the headers (the start of the body).
+  std::size_t buffered_past_headers() const;
   void drop_consumed();
+  // kDraining: reads and drops what has arrived; false when done (drain_left read, the client
+  // closed or the socket failed).
+  bool drop_arrived();
 };
+
+// A complete answer that closes the connection: `status` ("503 Service Unavailable"), then
+// `extra_headers` (each ending in CRLF), with {"detail": detail} as its body.
+std::string closing_answer(std::string_view status, const std::string& detail,
+                           std::string_view extra_headers = {});
 
 class ConnectionStream final : public httplib::Stream {
  public:

@@ -106,7 +106,13 @@ void RequestGate::route(const std::string& method, const std::string& path,
   engine_.Post(pattern, httplib::Server::HandlerWithContentReader(std::move(post)));
 }
 
-std::size_t RequestGate::peak_budget(std::size_t length) {
+std::size_t body_handler_threads(const Limits& limits) {
+  const std::size_t all = std::max<std::size_t>(limits.handler_threads, 1);
+  if (limits.body_handler_threads > 0) return std::min(limits.body_handler_threads, all);
+  return std::max<std::size_t>(all - 1, 1);  // one thread is kept for requests without a body
+}
+
+std::size_t peak_body_bytes(std::size_t length) {
   std::size_t step = kFirstBodyBuffer;  // the buffers a body of `length` passes through
   while (2 * step < length) step *= 2;
   return length <= kFirstBodyBuffer ? length : step + length;

@@ -44,9 +44,6 @@ class RequestGate {
   // Returns the request's share of the body budget only (idempotent).
   void return_budget(Connection& c);
 
-  // The most budget one body of `length` bytes holds at once (its last two buffers).
-  static std::size_t peak_budget(std::size_t length);
-
   std::uint64_t refused() const { return refused_.load(std::memory_order_relaxed); }
   std::size_t in_flight() const { return budget_.used(); }
   void inject_faults(FaultHooks hooks) { faults_ = std::move(hooks); }

@@ -2,7 +2,9 @@
 // (through its protected process_request); the accept loop, idle connections and limits are
 // here. Thread model: one poller (accepts, holds idle connections in epoll, closes those idle too
 // long) and a fixed pool of handler threads, each serving one request of a connection that has
-// bytes to read and then handing the connection back to the poller.
+// bytes to read and then handing the connection back to the poller. A request with a body holds
+// its thread while the body arrives, so such requests get all threads but one (503 beyond,
+// answered and drained by the poller): a probe never waits for a slow body.
 #include "kvnode/httpd/server.hpp"
 
 #include <fcntl.h>
@@ -27,6 +29,7 @@
 #include <optional>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "connection.hpp"
@@ -63,18 +66,21 @@ void name_thread(const std::string& name) {
 }
 
 std::string too_many_connections(std::size_t limit) {
-  const std::string body =
-      R"j({"detail":"too many connections (limit )j" + std::to_string(limit) + R"j()"})j";
-  return "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: " +
-         std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+  return closing_answer("503 Service Unavailable",
+                        "too many connections (limit " + std::to_string(limit) + ")");
+}
+
+// A body request beyond the body handler threads' share: retry in a second, on a new connection.
+std::string bodies_busy(std::size_t threads) {
+  return closing_answer("503 Service Unavailable",
+                        "all " + std::to_string(threads) +
+                            " handler threads for requests with a body are busy: retry later",
+                        "Retry-After: 1\r\n");
 }
 
 std::string headers_too_large() {
-  const std::string body = R"j({"detail":"request headers over )j" +
-                           std::to_string(kMaxHeaderBytes >> 10) + R"j( KiB"})j";
-  return "HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: application/json\r\n"
-         "Content-Length: " +
-         std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+  return closing_answer("431 Request Header Fields Too Large",
+                        "request headers over " + std::to_string(kMaxHeaderBytes >> 10) + " KiB");
 }
 
 // Reads what `fd` has without blocking; false when the client closed or the socket failed.
@@ -101,7 +107,9 @@ struct Server::Impl {
   Limits limits;
   Engine engine;
   RequestGate gate;
-  std::string refusal;  // the canned 503 for connections over the cap
+  std::string refusal;           // the canned 503 for connections over the cap
+  std::size_t body_threads = 1;  // body_handler_threads(limits), set by start()
+  std::string busy_refusal;      // the canned 503 for a body beyond them
 
   UniqueFd epoll;
   std::optional<EventFd> wake;  // stop() wakes the poller
@@ -113,9 +121,10 @@ struct Server::Impl {
   std::condition_variable ready_cv;
   std::unordered_map<std::uint64_t, std::unique_ptr<Connection>> connections;
   std::deque<Connection*> ready;  // kBusy connections waiting for a handler
+  std::size_t bodies_busy = 0;    // kBusy connections holding a body slot (<= body_threads)
   std::uint64_t next_id = kFirstConnectionId;
 
-  std::atomic<std::uint64_t> refused{0}, timed_out{0}, headers_refused{0};
+  std::atomic<std::uint64_t> refused{0}, timed_out{0}, headers_refused{0}, bodies_refused{0};
   LogThrottle descriptor_warnings{kDescriptorWarningPeriod};
 
   Impl(std::string n, Limits l)
@@ -147,6 +156,10 @@ struct Server::Impl {
 
   void poll_loop();
   void read_headers(Connection& c);
+  bool queue_locked(Connection& c, const std::optional<std::size_t>& body);
+  void refuse_body(Connection& c, std::size_t body);
+  void drain_refused(Connection& c);
+  void release_body_slot(Connection& c);
   void accept_all(Clock::time_point& paused_until);
   void sweep_idle();
   void handler_loop();
@@ -184,7 +197,11 @@ void Server::Impl::poll_loop() {
         c = it->second.get();  // only this thread touches an idle connection
       }
       try {
-        read_headers(*c);
+        if (c->state == Connection::State::kDraining) {
+          drain_refused(*c);
+        } else {
+          read_headers(*c);
+        }
       } catch (const std::exception& e) {  // bad_alloc growing its buffer: drop this one
         spdlog::error("{}: HTTP connection dropped: {}", name, e.what());
         close_connection(*c);
@@ -205,11 +222,11 @@ void Server::Impl::read_headers(Connection& c) {
   // its answer, and the connection closes after it (the next read finds the end).
   if (!open && !c.has_headers(kMaxHeaderBytes)) return close_connection(c);
   if (c.has_headers(kMaxHeaderBytes)) {
-    std::lock_guard lock(mutex);
-    c.state = Connection::State::kBusy;
-    ready.push_back(&c);
-    ready_cv.notify_one();
-    return;
+    const std::optional<std::size_t> body = c.announced_body();
+    std::unique_lock lock(mutex);
+    if (queue_locked(c, body)) return;
+    lock.unlock();
+    return refuse_body(c, *body);
   }
   if (c.buffer.size() - c.begin > kMaxHeaderBytes) {
     headers_refused.fetch_add(1, std::memory_order_relaxed);
@@ -223,6 +240,53 @@ void Server::Impl::read_headers(Connection& c) {
     c.header_deadline = Clock::now() + limits.header_timeout;
   }
   epoll_add(c.fd.get(), c.id, EPOLLIN | EPOLLRDHUP | EPOLLONESHOT, EPOLL_CTL_MOD);
+}
+
+// Hands `c`, whose headers are buffered, to the handlers (mutex held); false when they announce a
+// `body` and the body handler threads are all taken: a request without a body then always finds
+// a thread, however slowly the bodies being read arrive.
+bool Server::Impl::queue_locked(Connection& c, const std::optional<std::size_t>& body) {
+  if (body) {
+    if (bodies_busy >= body_threads) return false;
+    ++bodies_busy;
+    c.body_slot = true;
+  }
+  c.state = Connection::State::kBusy;
+  ready.push_back(&c);
+  ready_cv.notify_one();
+  return true;
+}
+
+// A body beyond the share: 503 at once, then its body is read and dropped here (so the client
+// reads the answer instead of a reset), without a thread, for kDrainTime at most.
+void Server::Impl::refuse_body(Connection& c, std::size_t body) {
+  bodies_refused.fetch_add(1, std::memory_order_relaxed);
+  (void)::send(c.fd.get(), busy_refusal.data(), busy_refusal.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  ::shutdown(c.fd.get(), SHUT_WR);
+  // As a handler drops a refused body: up to twice the body limit (and kDrainTime).
+  const std::size_t dropped = std::min(body, 2 * limits.max_body_bytes);
+  const std::size_t came = c.buffered_past_headers();
+  std::string().swap(c.buffer);
+  c.begin = 0;
+  if (came >= dropped) return close_connection(c);
+  {
+    std::lock_guard lock(mutex);
+    c.state = Connection::State::kDraining;
+    c.drain_left = dropped - came;
+    c.drain_deadline = Clock::now() + kDrainTime;
+  }
+  epoll_add(c.fd.get(), c.id, EPOLLIN | EPOLLRDHUP | EPOLLONESHOT, EPOLL_CTL_MOD);
+}
+
+void Server::Impl::drain_refused(Connection& c) {
+  if (!c.drop_arrived()) return close_connection(c);
+  epoll_add(c.fd.get(), c.id, EPOLLIN | EPOLLRDHUP | EPOLLONESHOT, EPOLL_CTL_MOD);
+}
+
+void Server::Impl::release_body_slot(Connection& c) {
+  if (!std::exchange(c.body_slot, false)) return;
+  std::lock_guard lock(mutex);
+  --bodies_busy;
 }
 
 void Server::Impl::accept_all(Clock::time_point& paused_until) {
@@ -280,7 +344,8 @@ void Server::Impl::sweep_idle() {
     Connection& c = *it->second;
     const bool idle_over = c.state == Connection::State::kIdle && now >= c.idle_deadline;
     const bool headers_over = c.state == Connection::State::kHeaders && now >= c.header_deadline;
-    if (idle_over || headers_over) {
+    const bool drain_over = c.state == Connection::State::kDraining && now >= c.drain_deadline;
+    if (idle_over || headers_over || drain_over) {
       if (headers_over) timed_out.fetch_add(1, std::memory_order_relaxed);
       ::epoll_ctl(epoll.get(), EPOLL_CTL_DEL, c.fd.get(), nullptr);
       it = connections.erase(it);  // closes it
@@ -302,6 +367,7 @@ void Server::Impl::handler_loop() {
       ready.pop_front();
     }
     if (stopping) {
+      release_body_slot(*c);
       close_connection(*c);
       continue;
     }
@@ -309,6 +375,7 @@ void Server::Impl::handler_loop() {
       serve(*c);
     } catch (const std::exception& e) {  // bad_alloc in httplib or a handler: drop this one
       spdlog::error("{}: HTTP connection dropped: {}", name, e.what());
+      release_body_slot(*c);
       close_connection(*c);
     }
   }
@@ -342,6 +409,7 @@ void Server::Impl::serve(Connection& c) {
   const bool body_left = c.body_read < c.declared_body;
   if (body_left && c.unread_body == 0) c.unread_body = c.declared_body - c.body_read;
   drain(c, stream);
+  release_body_slot(c);  // before give_back: the next request on `c` may need it
   if (c.timed_out) timed_out.fetch_add(1, std::memory_order_relaxed);
   if (!ok || last || client_closes || c.close_after || body_left || c.timed_out || stopping) {
     close_connection(c);
@@ -370,11 +438,13 @@ void Server::Impl::drain(Connection& c, ConnectionStream& stream) {
 // Keep-alive: back to the poller, or straight to the queue when the next request is buffered.
 void Server::Impl::give_back(Connection& c) {
   c.drop_consumed();
-  std::lock_guard lock(mutex);
+  const std::optional<std::size_t> body =
+      c.has_headers(kMaxHeaderBytes) ? c.announced_body() : std::nullopt;
+  std::unique_lock lock(mutex);
   if (c.has_headers(kMaxHeaderBytes)) {
-    ready.push_back(&c);
-    ready_cv.notify_one();
-    return;
+    if (queue_locked(c, body)) return;
+    lock.unlock();
+    return refuse_body(c, *body);
   }
   if (c.buffered()) {  // part of the next request: the poller reads the rest
     c.state = Connection::State::kHeaders;
@@ -429,7 +499,7 @@ Result<int> Server::start(const std::string& host, int port) {
   }
   // A body's buffer doubles as it arrives and both buffers count while one is copied.
   const std::size_t budget = s.limits.max_bodies_in_flight_bytes;
-  const std::size_t peak = RequestGate::peak_budget(s.limits.max_body_bytes);
+  const std::size_t peak = peak_body_bytes(s.limits.max_body_bytes);
   if (budget > 0 && budget < peak)
     spdlog::warn(
         "{}: HTTP body budget of {} bytes is under the {} a body at the limit ({}) needs "
@@ -460,6 +530,9 @@ Result<int> Server::start(const std::string& host, int port) {
   s.wake.emplace(std::move(wake).value());
   s.epoll_add(s.engine.listening_socket(), kListenerId, EPOLLIN);
   s.epoll_add(s.wake->fd(), kWakeId, EPOLLIN);
+  s.body_threads = body_handler_threads(s.limits);
+  s.busy_refusal = bodies_busy(s.body_threads);
+  s.bodies_busy = 0;
   s.stopping = false;
   s.poller = std::thread([&s] { s.poll_loop(); });
   for (std::size_t i = 0; i < s.limits.handler_threads; ++i)
@@ -515,7 +588,7 @@ Counters Server::counters() const {
   }
   c.connections_refused = s.refused.load(std::memory_order_relaxed);
   c.requests_timed_out = s.timed_out.load(std::memory_order_relaxed);
-  c.bodies_refused = s.gate.refused();
+  c.bodies_refused = s.gate.refused() + s.bodies_refused.load(std::memory_order_relaxed);
   c.headers_refused = s.headers_refused.load(std::memory_order_relaxed);
   c.body_bytes_in_flight = s.gate.in_flight();
   return c;

@@ -533,6 +533,42 @@ TEST(ConfigValidate, Timings) {
   EXPECT_TRUE(validate_with([](ControllerConfig& c) { c.fanout_timeout = 0.001; }).ok());
 }
 
+// A body's buffer doubles as it arrives and both buffers count while one is copied: a 64 MiB body
+// holds 96 MiB of the budget at its peak, so a smaller budget would refuse every such body, even
+// alone (a budget merely >= the body size was accepted before).
+TEST(ConfigValidate, BodyBudgetHoldsOneLargestBodyAtItsPeak) {
+  EXPECT_EQ(validation_error([](ControllerConfig& c) {
+              c.http_max_body_mb = 64;
+              c.http_max_bodies_mb = 64;
+            }),
+            "http_max_bodies_mb: 64 is below the 96 MiB one body of http_max_body_mb (64) holds "
+            "at its peak: every body that large would be refused 503; set at least 96");
+  EXPECT_TRUE(validate_with([](ControllerConfig& c) {
+                c.http_max_body_mb = 64;
+                c.http_max_bodies_mb = 96;
+              }).ok());
+  // 1 MiB peaks at 1.5 MiB: 2 MiB at least; 100 MiB at 64 + 100 MiB.
+  EXPECT_FALSE(validate_with([](ControllerConfig& c) {
+                 c.http_max_body_mb = 1;
+                 c.http_max_bodies_mb = 1;
+               }).ok());
+  EXPECT_TRUE(validate_with([](ControllerConfig& c) {
+                c.http_max_body_mb = 1;
+                c.http_max_bodies_mb = 2;
+              }).ok());
+  EXPECT_FALSE(validate_with([](ControllerConfig& c) {
+                 c.http_max_body_mb = 100;
+                 c.http_max_bodies_mb = 163;
+               }).ok());
+  EXPECT_TRUE(validate_with([](ControllerConfig& c) {
+                c.http_max_body_mb = 100;
+                c.http_max_bodies_mb = 164;
+              }).ok());
+  EXPECT_NE(
+      error_of({"--http-max-body-mb", "64", "--http-max-bodies-mb", "80"}).find("set at least 96"),
+      std::string::npos);
+}
+
 TEST(ConfigValidate, FullSyncThresholdIsAFraction) {
   EXPECT_TRUE(validate_with([](ControllerConfig& c) { c.full_sync_threshold = 1; }).ok());
   EXPECT_TRUE(validate_with([](ControllerConfig& c) { c.full_sync_threshold = 0.01; }).ok());

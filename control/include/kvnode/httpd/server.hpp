@@ -2,8 +2,11 @@
 // parses requests and writes responses, but the connections are ours. One poller thread holds
 // every idle connection in epoll (an idle or keep-alive connection costs no thread), and a
 // request is handed to a fixed handler pool only once its headers are complete (the poller reads
-// them), so idle or trickling clients cannot starve /health. Bounded everywhere: connections (503
-// beyond), the time to send the headers and the body, keep-alive (time and requests), body size
+// them), so idle or trickling clients cannot starve /health. A request with a body is read on its
+// handler thread, so requests with a body may hold only a share of the threads (503 with
+// Retry-After beyond): one without a body (a probe) always finds a thread. Bounded everywhere:
+// connections (503 beyond), the time to send the headers and the body, keep-alive (time and
+// requests), body size
 // (413, from the declared length) and the memory of bodies being read at once (503: a body's
 // buffer is charged as it grows with the bytes that arrive, so a slow client holds only about what
 // it sent). A known path asked with another method is 405; JSON bodies are read whatever their
@@ -30,6 +33,10 @@ namespace kvnode::httpd {
 struct Limits {
   std::size_t max_connections = 4096;  // open at once; one more is answered 503 and closed
   std::size_t handler_threads = 8;     // requests handled at once
+  // Requests with a body (Content-Length > 0 or Transfer-Encoding) handled at once: one more is
+  // answered 503 with Retry-After at once. 0: all handler threads but one (at least one), so a
+  // request without a body never waits for a body to arrive.
+  std::size_t body_handler_threads = 0;
   std::chrono::milliseconds idle_timeout{5000};    // a connection waiting for its next request
   std::chrono::milliseconds header_timeout{5000};  // request line and headers, from first byte
   std::chrono::milliseconds body_timeout{60000};   // the whole body
@@ -53,12 +60,19 @@ struct Limits {
 
 struct Counters {
   std::uint64_t connections_open = 0;
-  std::uint64_t connections_refused = 0;   // over max_connections
-  std::uint64_t requests_timed_out = 0;    // headers or body not sent in time (or too slowly)
-  std::uint64_t bodies_refused = 0;        // 400, 411, 413, 415 and 503 for a body
-  std::uint64_t headers_refused = 0;       // 431: request line and headers over 64 KiB
+  std::uint64_t connections_refused = 0;  // over max_connections
+  std::uint64_t requests_timed_out = 0;   // headers or body not sent in time (or too slowly)
+  std::uint64_t bodies_refused = 0;   // 400, 411, 413, 415 and 503 for a body (budget or threads)
+  std::uint64_t headers_refused = 0;  // 431: request line and headers over 64 KiB
   std::uint64_t body_bytes_in_flight = 0;  // the body budget in use now (bytes of body buffers)
 };
+
+// The handler threads requests with a body may hold at once under `limits`.
+std::size_t body_handler_threads(const Limits& limits);
+
+// The most of the body budget one body of `length` bytes holds at once: its last two buffers
+// while one is copied into the next (about 1.5 times `length` for a power of two, under 2 times).
+std::size_t peak_body_bytes(std::size_t length);
 
 // Test-only fault injection; the daemons never set it. Each hook is called where the server is
 // about to allocate on a client's behalf and may throw (std::bad_alloc), as that allocation would.
