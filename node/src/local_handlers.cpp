@@ -345,8 +345,7 @@ void LocalHandlers::expire_holds() {
 }
 
 void LocalHandlers::drop_holds_of(ConnectionId connection) {
-  const auto first = registrations_.lower_bound({connection, 0});
-  const auto last = registrations_.lower_bound({connection + 1, 0});
+  const auto [first, last] = registrations_of(connection);
   if (first != last) {
     spdlog::info("local client connection {} closed: {} KV registrations unmapped", connection,
                  std::distance(first, last));

@@ -128,7 +128,13 @@ class LocalHandlers {
   PeerMoves* moves_;
   Locate locate_;
   std::unique_ptr<Staging> staging_;
-  std::map<std::pair<ConnectionId, std::uint64_t>, std::shared_ptr<KvRegistration>> registrations_;
+  using Registrations =
+      std::map<std::pair<ConnectionId, std::uint64_t>, std::shared_ptr<KvRegistration>>;
+  // The registrations of one connection: a range of registrations_.
+  std::pair<Registrations::iterator, Registrations::iterator> registrations_of(ConnectionId c) {
+    return {registrations_.lower_bound({c, 0}), registrations_.lower_bound({c + 1, 0})};
+  }
+  Registrations registrations_;
   std::uint64_t next_registration_ = 1;
 };
 

@@ -15,8 +15,7 @@ protocol::Reply LocalHandlers::register_kv(ConnectionId from, const protocol::Re
     return protocol::failure(
         make_error(ErrorCode::kInvalid, "request.fds: " + std::to_string(q.fds) + " declared, " +
                                             std::to_string(fds.size()) + " came with the request"));
-  const auto first = registrations_.lower_bound({from, 0});
-  const auto last = registrations_.lower_bound({from + 1, 0});
+  const auto [first, last] = registrations_of(from);
   if (static_cast<std::size_t>(std::distance(first, last)) >= options_.max_kv_registrations)
     return protocol::failure(
         make_error(ErrorCode::kNoRoom, "this connection holds " +

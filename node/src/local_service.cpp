@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <exception>
+#include <functional>
 
 #include "kvnode/client/local_protocol.hpp"
 #include "local_executor.hpp"
@@ -74,14 +75,19 @@ struct LocalService::Impl {
     }
     Result<local::Chunks> chunks = handlers->retrieve_request(*decoded);
     if (!chunks) return answer(protocol::failure(chunks.error()));
-    const bool queued = executor->submit(
-        [this, connection, c = std::move(chunks).value()] { run_retrieve(connection, c); });
-    if (!queued)
-      return answer(protocol::failure(
-          make_error(ErrorCode::kNoRoom, "too many retrieves queued (" +
-                                             std::to_string(options.max_queued_retrieves) +
-                                             "); ask again shortly")));
-    return std::nullopt;
+    return queue(*executor, "retrieves", [this, connection, c = std::move(chunks).value()] {
+      run_retrieve(connection, c);
+    });
+  }
+
+  // A job for `executor`: its answer comes later (nullopt), or at once when the queue is full.
+  std::optional<std::vector<std::byte>> queue(local::SerialExecutor& executor, const char* what,
+                                              std::function<void()> job) {
+    if (executor.submit(std::move(job))) return std::nullopt;
+    return answer(protocol::failure(
+        make_error(ErrorCode::kNoRoom, std::string("too many ") + what + " queued (" +
+                                           std::to_string(options.max_queued_retrieves) +
+                                           "); ask again shortly")));
   }
 
   // store and load: checked here, copied on the KV executor (large copies, GPU waits).
@@ -89,14 +95,8 @@ struct LocalService::Impl {
                                                      const protocol::Request& q) {
     Result<local::KvJob> job = handlers->kv_job(connection, q);
     if (!job) return answer(protocol::failure(job.error()));
-    const bool queued = kv_executor->submit(
-        [this, connection, j = std::move(job).value()] { run_kv_job(connection, j); });
-    if (!queued)
-      return answer(protocol::failure(
-          make_error(ErrorCode::kNoRoom, "too many stores and loads queued (" +
-                                             std::to_string(options.max_queued_retrieves) +
-                                             "); ask again shortly")));
-    return std::nullopt;
+    return queue(*kv_executor, "stores and loads",
+                 [this, connection, j = std::move(job).value()] { run_kv_job(connection, j); });
   }
 
   // On the KV executor. Runs even when the client left: a store's copies are the node's to

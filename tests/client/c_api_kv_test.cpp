@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "client/node_args.hpp"
 #include "kvnode/kvnode_client.h"
 #include "support/child_process.hpp"
 
@@ -35,33 +36,8 @@ class Node {
   explicit Node(const std::string& name)
       : instance_("capi-" + name + "-" + std::to_string(::getpid())),
         socket_("/tmp/kvnode-" + instance_ + ".sock"),
-        process_({KVNODE_PATH,
-                  "--instance-id",
-                  instance_,
-                  "--controller-pull-url",
-                  "127.0.0.1:1",
-                  "--controller-reply-url",
-                  "127.0.0.1:2",
-                  "--chunk-bytes",
-                  std::to_string(kChunkBytes),
-                  "--chunk-size",
-                  std::to_string(kChunkTokens),
-                  "--max-local-cpu-size",
-                  "0.01",
-                  "--http-port",
-                  "-1",
-                  "--local-socket",
-                  socket_,
-                  "--local-staging-mb",
-                  "1",
-                  "--full-sync-startup-delay",
-                  "0",
-                  "--ucx-tls",
-                  "tcp",
-                  "--ucx-net-devices",
-                  "lo",
-                  "--log-level",
-                  "warn"}) {}
+        process_(
+            kvnode::test::client_test_node_args(instance_, socket_, kChunkBytes, kChunkTokens)) {}
   // A client once the node serves (retried while it starts); NULL after 30 s.
   kvnode_client_t* connect() {
     kvnode_connect_params_t p{};

@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "client/node_args.hpp"
 #include "client/raw_local_socket.hpp"
 #include "kvnode/client/local_protocol.hpp"
 #include "support/child_process.hpp"
@@ -76,34 +77,8 @@ class NodeProcess {
     start();
   }
   void start() {
-    process_ =
-        std::make_unique<test::ChildProcess>(std::vector<std::string>{KVNODE_PATH,
-                                                                      "--instance-id",
-                                                                      instance_,
-                                                                      "--controller-pull-url",
-                                                                      "127.0.0.1:1",
-                                                                      "--controller-reply-url",
-                                                                      "127.0.0.1:2",
-                                                                      "--chunk-bytes",
-                                                                      std::to_string(kChunkBytes),
-                                                                      "--chunk-size",
-                                                                      std::to_string(kChunkTokens),
-                                                                      "--max-local-cpu-size",
-                                                                      "0.01",
-                                                                      "--http-port",
-                                                                      "-1",
-                                                                      "--local-socket",
-                                                                      socket_,
-                                                                      "--local-staging-mb",
-                                                                      "1",
-                                                                      "--full-sync-startup-delay",
-                                                                      "0",
-                                                                      "--ucx-tls",
-                                                                      "tcp",
-                                                                      "--ucx-net-devices",
-                                                                      "lo",
-                                                                      "--log-level",
-                                                                      "warn"});
+    process_ = std::make_unique<test::ChildProcess>(
+        test::client_test_node_args(instance_, socket_, kChunkBytes, kChunkTokens));
   }
   void kill_hard() {
     process_->signal(SIGKILL);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kvnode/httpd/server.hpp"
+#include "support/eventually.hpp"
 #include "support/http_client.hpp"
 #include "trickle.hpp"
 
@@ -24,14 +25,7 @@ using namespace std::chrono_literals;
 constexpr std::size_t kKiB = 1 << 10;
 constexpr std::size_t kMiB = 1 << 20;
 
-bool eventually(const std::function<bool()>& condition, std::chrono::milliseconds patience = 10s) {
-  const auto give_up = Clock::now() + patience;
-  while (!condition()) {
-    if (Clock::now() > give_up) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
+using test::eventually;
 
 void echo_size(const httplib::Request& req, httplib::Response& res) {
   res.set_content(std::to_string(req.body.size()), "text/plain");

@@ -17,6 +17,7 @@
 
 #include "api_fixture.hpp"
 #include "kvnode/httpd/server.hpp"
+#include "support/eventually.hpp"
 #include "support/http_client.hpp"
 #include "trickle.hpp"
 
@@ -32,14 +33,7 @@ constexpr std::chrono::microseconds kProbeTarget = 100ms;  // issue 19 item 4: p
 constexpr std::chrono::microseconds kProbeTimeout = 1s;    // a probe this late has failed
 constexpr std::size_t kGiveUpAfter = 3;  // failed probes: the answer is known, stop early
 
-bool eventually(const std::function<bool()>& condition, std::chrono::milliseconds patience = 10s) {
-  const auto give_up = Clock::now() + patience;
-  while (!condition()) {
-    if (Clock::now() > give_up) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
+using test::eventually;
 
 // GETs `path` on a new connection each time, as a liveness probe does; the latencies sorted, a
 // failed or late probe counting as kProbeTimeout.

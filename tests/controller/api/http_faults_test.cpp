@@ -15,6 +15,7 @@
 
 #include "kvnode/httpd/server.hpp"
 #include "raw_http.hpp"
+#include "support/eventually.hpp"
 #include "support/http_client.hpp"
 
 namespace kvnode::httpd::testing {
@@ -24,14 +25,7 @@ using namespace std::chrono_literals;
 
 constexpr std::size_t kMiB = 1 << 20;
 
-bool eventually(const std::function<bool()>& condition, std::chrono::milliseconds patience = 10s) {
-  const auto give_up = Clock::now() + patience;
-  while (!condition()) {
-    if (Clock::now() > give_up) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
+using test::eventually;
 
 class HttpFaults : public ::testing::Test {
  protected:
