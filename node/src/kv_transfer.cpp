@@ -26,21 +26,24 @@ std::size_t tokens_of(std::size_t chunks, std::size_t chunk_size, std::size_t to
 using Direction = KvJobKind;
 
 // The copies of chunk i between the cache and `page` (an address the copier can use).
-void add_segments(const client::KvLayout& layout, const KvJob& job, std::size_t i,
-                  std::size_t chunk_size, std::byte* page, Direction d,
-                  std::vector<gpu::CopySegment>& out) {
+// check_job() and the registration made every run valid, so an error here is a bug; it still
+// fails the request: a chunk whose copies were not all planned must never be committed.
+Status add_segments(const client::KvLayout& layout, const KvJob& job, std::size_t i,
+                    std::size_t chunk_size, std::byte* page, Direction d,
+                    std::vector<gpu::CopySegment>& out) {
   const ChunkSpan s = chunk_span(i, chunk_size, job.total_tokens);
   const Result<std::size_t> bytes = client::chunk_bytes(layout, s.count);
-  // check_job() and the registration made every run valid: an error here is a bug, not input.
+  if (!bytes) return wrap_error("kv copy plan: ", bytes.error());
   const Status st = client::for_each_run(
-      layout, job.block_ids, s.first, s.count, bytes ? *bytes : 0, [&](const client::KvRun& r) {
+      layout, job.block_ids, s.first, s.count, *bytes, [&](const client::KvRun& r) {
         if (d == Direction::kStore) {
           out.push_back({r.cache, page + r.chunk_offset, r.bytes});
         } else {
           out.push_back({page + r.chunk_offset, r.cache, r.bytes});
         }
       });
-  if (!st) spdlog::error("kv copy plan: {}", st.error().message);
+  if (!st) return Error{ErrorCode::kInternal, "kv copy plan: " + st.error().message};
+  return {};
 }
 
 }  // namespace
@@ -140,7 +143,8 @@ Result<KvOutcome> KvTransfers::store(const KvJob& job,
       break;
     }
     written.emplace_back(planned, h);
-    add_segments(layout, job, planned, cs, *at, Direction::kStore, segments);
+    status = add_segments(layout, job, planned, cs, *at, Direction::kStore, segments);
+    if (!status) break;  // aborted with the others below
   }
   if (status) status = copy(**copier, job, segments);
   if (status && job.done_event) queued({planned, tokens_of(planned, cs, job.total_tokens), 0, ""});
@@ -191,7 +195,8 @@ Result<KvOutcome> KvTransfers::load(const KvJob& job,
     Result<std::byte*> at =
         reg.uses_gpu() ? kernel_page(leases[i].page()) : engine_.pool().page(leases[i].page());
     if (!at) return at.error();
-    add_segments(layout, job, i, cs, *at, Direction::kLoad, segments);
+    if (Status st = add_segments(layout, job, i, cs, *at, Direction::kLoad, segments); !st)
+      return st.error();
   }
   out.chunks = leases.size();
   out.tokens = tokens_of(out.chunks, cs, job.total_tokens);
