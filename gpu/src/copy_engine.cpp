@@ -18,6 +18,7 @@ class HostCopyEngine final : public CopyEngine {
     return next_++;
   }
   Result<bool> done(Ticket) override { return true; }
+  void cancel(Ticket) override {}  // a copy has landed when copy() returns: nothing runs
   const char* name() const override { return "memcpy"; }
 
  private:
@@ -74,6 +75,16 @@ class CudaCopyEngine final : public CopyEngine {
     events_.erase(it);
     if (err != cudaSuccess) return cuda_error("cudaMemcpyAsync (completion)", err);
     return true;
+  }
+  // A stream cannot drop queued work: wait for the copy to land (or fail) and forget it.
+  void cancel(Ticket ticket) override {
+    const auto it = events_.find(ticket);
+    if (it == events_.end()) return;
+    (void)cudaSetDevice(device_);
+    (void)cudaEventSynchronize(it->second);
+    (void)cudaGetLastError();  // a failed copy is given up on: keep its error off later calls
+    (void)cudaEventDestroy(it->second);
+    events_.erase(it);
   }
   const char* name() const override { return "cudaMemcpyAsync"; }
 

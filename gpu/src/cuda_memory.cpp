@@ -22,6 +22,18 @@ void cuda_host_free(void* p) {
   (void)cudaFreeHost(p);
 }
 
+Status cuda_host_register(void* p, std::size_t bytes) {
+  // Portable, as cudaHostAlloc's: pinned for every context. Pinning faults every page in.
+  if (const cudaError_t err = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
+      err != cudaSuccess)
+    return cuda_error("cudaHostRegister of " + std::to_string(bytes) + " bytes", err);
+  return {};
+}
+
+void cuda_host_unregister(void* p) {
+  (void)cudaHostUnregister(p);
+}
+
 Result<void*> cuda_device_alloc(std::size_t bytes, int device) {
   if (Status s = set_device(device); !s) return s.error();
   void* p = nullptr;
@@ -72,6 +84,11 @@ Result<void*> cuda_host_alloc(std::size_t) {
                     "pinned host memory needs a kvnode built with the CUDA Toolkit");
 }
 void cuda_host_free(void*) {}
+Status cuda_host_register(void*, std::size_t) {
+  return make_error(ErrorCode::kRefused,
+                    "pinned host memory needs a kvnode built with the CUDA Toolkit");
+}
+void cuda_host_unregister(void*) {}
 Result<void*> cuda_device_alloc(std::size_t, int) {
   return make_error(ErrorCode::kRefused,
                     "device memory needs a kvnode built with the CUDA Toolkit");

@@ -11,6 +11,10 @@ namespace kvnode::gpu::detail {
 
 Result<void*> cuda_host_alloc(std::size_t bytes);
 void cuda_host_free(void* p);
+// cudaHostRegister (portable) of an existing mapping, and its undoing: the pinned kind of a
+// shareable region is a memfd mapping pinned in place rather than cudaHostAlloc memory.
+Status cuda_host_register(void* p, std::size_t bytes);
+void cuda_host_unregister(void* p);
 Result<void*> cuda_device_alloc(std::size_t bytes, int device);
 void cuda_device_free(void* p, int device);
 // cudaMemcpy with cudaMemcpyDefault (the direction follows from the pointers under unified

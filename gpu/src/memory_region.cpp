@@ -16,12 +16,52 @@ namespace kvnode::gpu {
 namespace {
 
 constexpr std::size_t kHugePage = 2u << 20;
+constexpr std::size_t kSmallPage = 4096;
 
 // "always [madvise] never": THP helps unless the administrator turned it off.
 bool thp_available() {
   std::ifstream in("/sys/kernel/mm/transparent_hugepage/enabled");
   std::string line;
   return std::getline(in, line) && line.find("[never]") == std::string::npos;
+}
+
+// A memfd's pages are shmem, with their own switch: "always within_size advise [never] deny
+// force". MADV_HUGEPAGE succeeds on a shmem mapping whatever it says, so it is read here.
+bool shmem_thp_available() {
+  std::ifstream in("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
+  std::string line;
+  return std::getline(in, line) && line.find("[never]") == std::string::npos &&
+         line.find("[deny]") == std::string::npos;
+}
+
+// Faults every page of [p, p + bytes) of fresh memory in now: a first touch inside a transfer
+// costs far more (measured on these VMs: cma into fresh pages ran at a tenth of its speed).
+// MADV_POPULATE_WRITE keeps the huge pages asked for (Linux 5.14+); older kernels get a write.
+void populate(void* p, std::size_t bytes) {
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+  if (madvise(p, bytes, MADV_POPULATE_WRITE) != 0)
+    for (std::size_t at = 0; at < bytes; at += kSmallPage) static_cast<volatile char*>(p)[at] = 0;
+}
+
+// A memfd of `bytes` mapped shared, for a region that region_share.hpp hands to a peer. Sealed
+// at its size, and against further seals, so no process holding it can shrink it under another
+// one's mapping (which would fault there with SIGBUS) or forbid its writable mappings.
+Result<void*> map_memfd(std::size_t bytes, UniqueFd& fd) {
+  UniqueFd memfd(memfd_create("kvnode-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!memfd)
+    return make_error(ErrorCode::kIo, std::string("memfd_create: ") + std::strerror(errno));
+  if (ftruncate(memfd.get(), static_cast<off_t>(bytes)) != 0 ||
+      fcntl(memfd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+    return make_error(ErrorCode::kIo,
+                      "a memfd of " + std::to_string(bytes) + " bytes: " + std::strerror(errno));
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd.get(), 0);
+  if (p == MAP_FAILED)
+    return make_error(ErrorCode::kIo, "mmap of a memfd of " + std::to_string(bytes) +
+                                          " bytes: " + std::strerror(errno));
+  fd = std::move(memfd);
+  return p;
 }
 
 }  // namespace
@@ -51,7 +91,12 @@ void MemoryRegion::Release::operator()(void* p) const {
       if (!shm_name.empty()) shm_unlink(shm_name.c_str());
       break;
     case MemoryKind::kPinnedHost:
-      detail::cuda_host_free(p);
+      if (registered) {
+        detail::cuda_host_unregister(p);
+        munmap(p, mapped);
+      } else {
+        detail::cuda_host_free(p);
+      }
       break;
     case MemoryKind::kDevice:
       detail::cuda_device_free(p, device);
@@ -61,9 +106,14 @@ void MemoryRegion::Release::operator()(void* p) const {
 
 Result<MemoryRegion> MemoryRegion::allocate(std::size_t bytes, const RegionOptions& options) {
   if (bytes == 0) return make_error("cannot allocate an empty memory region");
-  if (options.kind == MemoryKind::kPinnedHost || options.kind == MemoryKind::kDevice) {
-    if (!options.shared_name.empty())
-      return make_error("only host memory can be shared memory (" + options.shared_name + ")");
+  if (options.shareable && !options.shared_name.empty())
+    return make_error(ErrorCode::kInvalid,
+                      "a region is shareable (a memfd) or named shared memory (" +
+                          options.shared_name + "), not both");
+  if (options.kind != MemoryKind::kHost && !options.shared_name.empty())
+    return make_error("only host memory can be shared memory (" + options.shared_name + ")");
+  if (options.kind == MemoryKind::kDevice ||
+      (options.kind == MemoryKind::kPinnedHost && !options.shareable)) {
     Result<void*> p = options.kind == MemoryKind::kPinnedHost
                           ? detail::cuda_host_alloc(bytes)
                           : detail::cuda_device_alloc(bytes, options.device);
@@ -71,14 +121,21 @@ Result<MemoryRegion> MemoryRegion::allocate(std::size_t bytes, const RegionOptio
     return MemoryRegion(
         std::unique_ptr<void, Release>(*p, Release{options.kind, 0, options.device, {}}), bytes);
   }
-  // Host: a private anonymous mapping, rounded to whole huge pages when asking for them so the
-  // kernel can back all of it with them.
-  const bool huge = options.huge_pages && bytes >= kHugePage && thp_available();
-  const std::size_t page = huge ? kHugePage : 4096;
+  // Host, or pinned and shareable: a mapping rounded to whole huge pages when asking for them so
+  // the kernel can back all of it with them. Private and anonymous, a named shm object, or a
+  // memfd (shareable; whose huge pages follow the shmem switch).
+  const bool huge = options.huge_pages && bytes >= kHugePage &&
+                    (options.shareable ? shmem_thp_available() : thp_available());
+  const std::size_t page = huge ? kHugePage : kSmallPage;
   if (bytes > SIZE_MAX - page) return make_error("memory region too large");
   const std::size_t mapped = (bytes + page - 1) / page * page;
   void* p = MAP_FAILED;
-  if (options.shared_name.empty()) {
+  UniqueFd memfd;
+  if (options.shareable) {
+    Result<void*> m = map_memfd(mapped, memfd);
+    if (!m) return std::move(m).error();
+    p = *m;
+  } else if (options.shared_name.empty()) {
     p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   } else {
     const std::string& name = options.shared_name;
@@ -104,23 +161,31 @@ Result<MemoryRegion> MemoryRegion::allocate(std::size_t bytes, const RegionOptio
   if (p == MAP_FAILED)
     return make_error("mmap of " + std::to_string(mapped) +
                       " bytes failed: " + std::strerror(errno));
+  const bool advised = huge && madvise(p, mapped, MADV_HUGEPAGE) == 0;
+  if (options.kind == MemoryKind::kPinnedHost) {
+    // Pinned in place. Pinning faults every page in (after the advice above, so huge where
+    // shmem allows), and fails before any is touched where CUDA is missing.
+    if (Status s = detail::cuda_host_register(p, mapped); !s) {
+      munmap(p, mapped);
+      return s.error();
+    }
+    MemoryRegion region(std::unique_ptr<void, Release>(
+                            p, Release{MemoryKind::kPinnedHost, mapped, options.device, {}, true}),
+                        bytes);
+    region.share_fd_ = std::move(memfd);
+    region.huge_pages_ = advised;
+    return region;
+  }
   MemoryRegion region(
       std::unique_ptr<void, Release>(p, Release{MemoryKind::kHost, mapped, 0, options.shared_name}),
       bytes);
-  if (huge) region.huge_pages_ = madvise(p, mapped, MADV_HUGEPAGE) == 0;
+  region.share_fd_ = std::move(memfd);
+  region.huge_pages_ = advised;
   // mlock faults every page in now (no page faults mid-transfer) and keeps them resident; it
   // fails under a small RLIMIT_MEMLOCK, which locked() reports.
   if (options.lock) region.locked_ = mlock(p, mapped) == 0;
-  // Without the lock (RLIMIT_MEMLOCK too small), fault every page in now anyway: a first touch
-  // inside a transfer costs far more (measured on these VMs: cma into fresh pages ran at a tenth
-  // of its speed). MADV_POPULATE_WRITE keeps the huge pages asked for above (Linux 5.14+).
-  if (!region.locked_) {
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
-    if (madvise(p, mapped, MADV_POPULATE_WRITE) != 0)
-      for (std::size_t at = 0; at < mapped; at += 4096) static_cast<volatile char*>(p)[at] = 0;
-  }
+  // Without the lock (RLIMIT_MEMLOCK too small), fault every page in now anyway.
+  if (!region.locked_) populate(p, mapped);
   return region;
 }
 

@@ -50,9 +50,25 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const NodeConfig& c) {
     spdlog::info("kvnode: faulting in {:.2f} GB of {} memory for {} chunks...", gb, c.memory,
                  po.pages);
   const auto pool_start = std::chrono::steady_clock::now();
+  Result<transfer::SameHost> same_host = transfer::parse_same_host(c.same_host);
+  if (!same_host) return same_host.error();
+  // Shared with same-host peers (a memfd); a pool that cannot be is still a pool, unshared.
+  po.region.shareable = *same_host == transfer::SameHost::kAuto;
   Result<gpu::ChunkPool> pool = gpu::ChunkPool::create(po);
-  if (!pool) return wrap_error("chunk memory: ", std::move(pool).error());
-  p->pool.emplace(std::move(pool).value());
+  if (!pool && po.region.shareable && *kind != gpu::MemoryKind::kDevice) {
+    spdlog::warn(
+        "kvnode: shareable {} memory failed ({}): the pool is not shared with same-host "
+        "peers",
+        c.memory, pool.error().message);
+    po.region.shareable = false;
+    Result<gpu::ChunkPool> unshared = gpu::ChunkPool::create(po);
+    if (!unshared) return wrap_error("chunk memory: ", std::move(unshared).error());
+    p->pool.emplace(std::move(unshared).value());
+  } else if (!pool) {
+    return wrap_error("chunk memory: ", std::move(pool).error());
+  } else {
+    p->pool.emplace(std::move(pool).value());
+  }
   spdlog::info(
       "kvnode: {} chunks of {} bytes in {} memory, ready in {:.1f} s", po.pages, po.page_bytes,
       c.memory,
@@ -81,6 +97,8 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const NodeConfig& c) {
   Result<transfer::GpuDirect> gpudirect = transfer::parse_gpudirect(c.gpudirect);
   if (!gpudirect) return gpudirect.error();
   plane.gpudirect = *gpudirect;  // the plane logs which way a device pool goes, and why
+  plane.same_host = *same_host;
+  plane.copy_threads = c.copy_threads;
   plane.on_ask = [peers = &*p->peers](const std::string& peer, const std::vector<std::byte>& r) {
     return peers->on_ask(peer, r);
   };

@@ -47,6 +47,9 @@ std::string metrics_text(const Daemon::Parts& p) {
       << "kvnode_transfer_bytes_total{direction=\"pulled\"} " << t.bytes_pulled << "\n"
       << "kvnode_transfer_bytes_total{direction=\"pushed\"} " << t.bytes_pushed << "\n"
       << "kvnode_transfer_bytes_total{direction=\"served\"} " << t.bytes_served << "\n";
+  metric("kvnode_transfer_same_host_bytes_total", "counter",
+         "Of the bytes pulled and pushed, those copied through a same-host peer's mapped pool.", "",
+         static_cast<std::uint64_t>(t.bytes_same_host));
   metric("kvnode_transfer_sessions_opened_total", "counter", "Sessions opened to peers.", "",
          static_cast<std::uint64_t>(t.sessions_opened));
   metric("kvnode_transfer_sessions_reset_total", "counter",
@@ -117,7 +120,8 @@ std::string health_json(const Daemon::Parts& p, bool readiness) {
                                       std::to_string(a.register_failures) + " failed attempts)";
     out += ",\"detail\":" + nlohmann::json("not registered: " + why).dump();
   }
-  return out + ",\"peer_init_url\":" + nlohmann::json(p.plane->url()).dump() + "}";
+  return out + ",\"peer_init_url\":" + nlohmann::json(p.plane->url()).dump() +
+         ",\"same_host\":" + nlohmann::json(p.plane->same_host_status()).dump() + "}";
 }
 
 }  // namespace kvnode::node

@@ -15,6 +15,7 @@
 #include "kvnode/controller/yaml_file.hpp"
 #include "kvnode/gpu/kv_shape.hpp"
 #include "kvnode/transfer/device_path.hpp"
+#include "kvnode/transfer/plane.hpp"
 #include "lmcache_keys.hpp"
 
 namespace kvnode::node {
@@ -180,6 +181,12 @@ void add_settings(Settings& s, NodeConfig& c, UcxText& ucx) {
         "device pools: auto (GPUDirect where UCX registers CUDA memory, else staged through "
         "pinned memory) or off (always staged)")
       ->check(CLI::IsMember({"auto", "off"}));
+  s.add("--same-host", "kvnode_same_host", c.same_host,
+        "auto (share this pool with kvnodes on this host and copy to and from theirs directly) "
+        "or off (every move through UCX)")
+      ->check(CLI::IsMember({"auto", "off"}));
+  s.add("--copy-threads", "kvnode_copy_threads", c.copy_threads,
+        "threads copying a same-host move between host pools; 0: half the cores (1-8)");
   s.add("--advertise-ip", "kvnode_advertise_ip", c.advertise_ip,
         "where the controller reaches this node's REP port");
   s.add("--http-port", "kvnode_http_port", c.http_port,
@@ -279,6 +286,9 @@ Status validate(const NodeConfig& c) {
   if (Status s = port_of(c.p2p_init_ports, "p2p_init_ports"); !s) return s;
   if (Result<transfer::GpuDirect> g = transfer::parse_gpudirect(c.gpudirect); !g)
     return make_error("kvnode_gpudirect: '" + c.gpudirect + "': expected auto or off");
+  if (!transfer::parse_same_host(c.same_host))
+    return make_error("kvnode_same_host: '" + c.same_host + "': expected auto or off");
+  if (c.copy_threads > 64) return make_error("kvnode_copy_threads: at most 64");
   if (c.http_port > 65535) return make_error("kvnode_http_port: out of range");
   if (c.http_max_connections < 1) return make_error("kvnode_http_max_connections: at least 1");
   if (c.full_sync_startup_delay < 0 || c.full_sync_startup_delay > 3600)

@@ -24,6 +24,19 @@ TEST(CopyEngine, HostEngineCopiesAndIsDoneAtOnce) {
   EXPECT_EQ(a, b);
 }
 
+TEST(CopyEngine, HostEngineCancelReturnsAtOnce) {
+  auto engine = make_host_copy_engine();
+  engine->cancel(12345);  // never issued
+  std::vector<char> a(1 << 20, 'a'), b(1 << 20, 'b');
+  Result<CopyEngine::Ticket> t = engine->copy(b.data(), a.data(), a.size());
+  ASSERT_TRUE(t);
+  engine->cancel(*t);  // landed already: the bytes stay
+  EXPECT_EQ(a, b);
+  Result<bool> done = engine->done(*t);
+  ASSERT_TRUE(done);
+  EXPECT_TRUE(*done);
+}
+
 TEST(CopyEngine, CudaEngineWithoutAGpuIsAClearError) {
   const CudaProbe cuda = probe_cuda();
   if (!cuda.devices.empty()) GTEST_SKIP() << "a GPU is present: see CudaEngineRoundTrip";
@@ -54,6 +67,30 @@ TEST(CopyEngine, CudaEngineRoundTrip) {
   wait(std::move(engine->copy(device->data(), in.data(), in.size())).value());
   wait(std::move(engine->copy(out.data(), device->data(), out.size())).value());
   EXPECT_EQ(in, out);
+}
+
+TEST(CopyEngine, CudaEngineCancelWaitsForTheCopy) {
+  const CudaProbe cuda = probe_cuda();
+  if (cuda.devices.empty()) GTEST_SKIP() << "needs a CUDA GPU: " << cuda.note;
+  RegionOptions o;
+  o.kind = MemoryKind::kDevice;
+  Result<MemoryRegion> device = MemoryRegion::allocate(64 << 20, o);
+  ASSERT_TRUE(device) << device.error().message;
+  auto engine = std::move(make_cuda_copy_engine(0)).value();
+  std::vector<char> in(64 << 20, 'c'), out(64 << 20, 0);
+  engine->cancel(12345);  // never issued
+  Result<CopyEngine::Ticket> up = engine->copy(device->data(), in.data(), in.size());
+  ASSERT_TRUE(up) << up.error().message;
+  Result<CopyEngine::Ticket> down = engine->copy(out.data(), device->data(), out.size());
+  ASSERT_TRUE(down) << down.error().message;
+  engine->cancel(*up);
+  engine->cancel(*down);  // the stream cannot drop it: cancel returns once it landed
+  EXPECT_EQ(in, out);
+  for (const CopyEngine::Ticket t : {*up, *down}) {
+    Result<bool> done = engine->done(t);
+    ASSERT_TRUE(done) << done.error().message;
+    EXPECT_TRUE(*done) << "a cancelled ticket is forgotten";
+  }
 }
 
 TEST(GpuDirect, HostMemoryNeedsNoneAndADeviceRegionGetsAnAnswer) {

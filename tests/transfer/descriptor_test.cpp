@@ -51,5 +51,52 @@ TEST(Descriptor, RoundTripAndHostileInput) {
   EXPECT_NE(error_of(lying), "accepted");
 }
 
+// Same-host fields: an offer round-trips; a peer without one (older, or same_host off) decodes
+// with none; an offer without its token, a kind out of range, a name too long are refused.
+TEST(Descriptor, SameHostOfferRoundTripsAndIsCheckedLikeTheRest) {
+  PeerDescriptor d;
+  d.node = "10.0.0.5:5555";
+  d.worker_address = {std::byte{1}};
+  d.rkey = {std::byte{3}};
+  d.page_bytes = 4096;
+  d.pages = 4;
+  d.pool_kind = 2;
+  d.device = 3;
+  const PeerDescriptor plain = must(decode_descriptor(encode(d)));
+  EXPECT_TRUE(plain.share.empty());
+  EXPECT_EQ(plain.pool_kind, 2);
+  EXPECT_EQ(plain.device, 3u);
+
+  d.share = "kvnode-pool-0123456789abcdef";
+  for (std::size_t i = 0; i < d.share_token.size(); ++i)
+    d.share_token[i] = static_cast<std::byte>(0xa0 + i);
+  const PeerDescriptor back = must(decode_descriptor(encode(d)));
+  EXPECT_EQ(back.share, d.share);
+  EXPECT_EQ(back.share_token, d.share_token);
+
+  auto patched = [&](const std::string& from, const std::string& to) {
+    ucx::Bytes b = encode(d);
+    const std::string text(reinterpret_cast<const char*>(b.data()), b.size());
+    const std::size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    if (at != std::string::npos)
+      for (std::size_t i = 0; i < to.size(); ++i) b[at + i] = static_cast<std::byte>(to[i]);
+    return decode_descriptor(b);
+  };
+  // The token's key renamed: an unknown key (ignored), so the offer has no token.
+  const auto no_token = patched("share_token", "share_tokeX");
+  ASSERT_FALSE(no_token);
+  EXPECT_EQ(no_token.error().message, "descriptor.share_token: missing");
+  // pool_kind 2 -> 3: no such memory kind.
+  const auto bad_kind = patched(std::string("pool_kind\x02", 10), std::string("pool_kind\x03", 10));
+  ASSERT_FALSE(bad_kind);
+  EXPECT_EQ(bad_kind.error().message, "descriptor.pool_kind: out of range");
+  PeerDescriptor long_name = d;
+  long_name.share.assign(108, 'x');
+  const auto too_long = decode_descriptor(encode(long_name));
+  ASSERT_FALSE(too_long);
+  EXPECT_EQ(too_long.error().message, "descriptor.share: longer than 107 bytes");
+}
+
 }  // namespace
 }  // namespace kvnode::transfer

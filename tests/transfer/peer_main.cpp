@@ -1,8 +1,9 @@
 // transfer_test_peer: a remote node for the two-process tests and kvbench. It runs a transfer
 // plane over a pool whose pages hold test::fill_pattern(seed, page), writes its url to PORT_FILE
 // once ready, and serves until killed. Transports come from UCX_* in the environment, so both
-// processes use the same.
-//   transfer_test_peer PORT_FILE PAGE_BYTES PAGES [PORT [SEED]]
+// processes use the same. With `same-host`, the pool is allocated shareable and the plane offers
+// it (PlaneOptions::same_host kAuto), so a same-host dialler copies through its mapping.
+//   transfer_test_peer PORT_FILE PAGE_BYTES PAGES [PORT [SEED [same-host]]]
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -40,13 +41,16 @@ unsigned long number(const char* text, unsigned long max) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 4 || argc > 6) {
-    std::fprintf(stderr, "usage: transfer_test_peer PORT_FILE PAGE_BYTES PAGES [PORT [SEED]]\n");
+  const bool same_host = argc == 7 && std::string(argv[6]) == "same-host";
+  if (argc < 4 || argc > 7 || (argc == 7 && !same_host)) {
+    std::fprintf(
+        stderr, "usage: transfer_test_peer PORT_FILE PAGE_BYTES PAGES [PORT [SEED [same-host]]]\n");
     return 2;
   }
   gpu::PoolOptions options;
   options.page_bytes = number(argv[2], 1ul << 31);
   options.pages = number(argv[3], 1u << 20);
+  options.region.shareable = same_host;
   const auto port = static_cast<std::uint16_t>(argc > 4 ? number(argv[4], 65535) : 0);
   const auto seed = static_cast<std::uint32_t>(argc > 5 ? number(argv[5], 255) : 1);
   gpu::ChunkPool pool = must(gpu::ChunkPool::create(options));
@@ -54,6 +58,7 @@ int main(int argc, char** argv) {
     test::fill_pattern(pool.page(p), pool.page_bytes(), seed, p);
   transfer::PlaneOptions plane_options;
   plane_options.port = port;
+  if (same_host) plane_options.same_host = transfer::SameHost::kAuto;
   auto plane = must(transfer::TransferPlane::start(plane_options, pool));
   const std::string file = argv[1];
   {

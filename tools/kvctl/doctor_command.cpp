@@ -11,6 +11,7 @@
 #include "commands.hpp"
 #include "kvnode/gpu/device_probe.hpp"
 #include "kvnode/gpu/rdma_probe.hpp"
+#include "kvnode/gpu/region_share.hpp"
 #include "kvnode/transfer/device_path.hpp"
 #include "kvnode/transfer/ucx_probe.hpp"
 
@@ -24,7 +25,16 @@ struct Report {
   kvnode::transfer::UcxProbe ucx;
   kvnode::gpu::RdmaProbe rdma;
   kvnode::gpu::CudaProbe cuda;
+  std::string shmem_huge_pages = kvnode::gpu::shmem_huge_pages_setting();
 };
+
+// Same-host moves share pools as memfds (shmem): their huge pages follow shmem_enabled.
+std::string same_host_pools(const Report& r) {
+  const bool huge = r.shmem_huge_pages == "advise" || r.shmem_huge_pages == "always" ||
+                    r.shmem_huge_pages == "within_size" || r.shmem_huge_pages == "force";
+  return std::string("memfd, ") + (huge ? "huge pages" : "4 KiB pages") +
+         " (shmem_enabled: " + r.shmem_huge_pages + ")";
+}
 
 std::string join(const std::vector<std::string>& items) {
   std::string out;
@@ -67,6 +77,7 @@ json to_json(const Report& r) {
             {"device_pools_detail",
              kvnode::transfer::describe(device_pool_path(r.ucx), r.ucx.memory_type_mask)},
             {"note", r.ucx.note}}},
+          {"same_host", {{"pools", same_host_pools(r)}, {"shmem_huge_pages", r.shmem_huge_pages}}},
           {"rdma", {{"devices", rdma}, {"note", r.rdma.note}}},
           {"cuda",
            {{"built_with_cuda", r.cuda.built_with_cuda},
@@ -88,6 +99,7 @@ void print_table(const Report& r) {
   row("memory types", join(r.ucx.memory_types));
   row("device pools", kvnode::transfer::describe(device_pool_path(r.ucx), r.ucx.memory_type_mask));
   if (!r.ucx.note.empty()) row("note", r.ucx.note);
+  row("same-host pools", same_host_pools(r));
   std::cout << "RDMA\n";
   for (const auto& d : r.rdma.devices) {
     row(d.name,

@@ -15,6 +15,8 @@ namespace {
 constexpr std::size_t kMaxDescriptor = 256 << 10;
 constexpr std::size_t kMaxBlob = 64 << 10;  // worker addresses and rkeys are far smaller
 constexpr std::size_t kMaxNode = 1024;
+constexpr std::size_t kMaxShareName = 107;  // sun_path less the abstract namespace's NUL
+constexpr std::uint64_t kMaxPoolKind = 2;   // gpu::MemoryKind::kDevice
 
 void pack_bin(msgpack::packer<msgpack::sbuffer>& pk, const ucx::Bytes& b) {
   pk.pack_bin(static_cast<std::uint32_t>(b.size()));
@@ -30,7 +32,7 @@ Error field_error(std::string_view field, std::string_view what) {
 ucx::Bytes encode(const PeerDescriptor& d) {
   msgpack::sbuffer buffer;
   msgpack::packer<msgpack::sbuffer> pk(buffer);
-  pk.pack_map(9);
+  pk.pack_map(d.share.empty() ? 11 : 13);
   pk.pack("node");
   pk.pack(d.node);
   pk.pack("worker_address");
@@ -49,6 +51,18 @@ ucx::Bytes encode(const PeerDescriptor& d) {
   pk.pack(d.instance);
   pk.pack("rma");
   pk.pack(d.rma);
+  pk.pack("pool_kind");
+  pk.pack(d.pool_kind);
+  pk.pack("device");
+  pk.pack(d.device);
+  if (!d.share.empty()) {
+    pk.pack("share");
+    pk.pack(d.share);
+    pk.pack("share_token");
+    pk.pack_bin(static_cast<std::uint32_t>(d.share_token.size()));
+    pk.pack_bin_body(reinterpret_cast<const char*>(d.share_token.data()),
+                     static_cast<std::uint32_t>(d.share_token.size()));
+  }
   ucx::Bytes out(buffer.size());
   std::memcpy(out.data(), buffer.data(), buffer.size());
   return out;
@@ -89,6 +103,7 @@ Result<PeerDescriptor> decode_descriptor(const ucx::Bytes& bytes) {
   if (root.type != msgpack::type::MAP) return make_error("descriptor: expected a map");
   PeerDescriptor d;
   unsigned seen = 0;
+  bool token_seen = false;
   for (std::uint32_t i = 0; i < root.via.map.size; ++i) {
     const msgpack::object& k = root.via.map.ptr[i].key;
     const msgpack::object& v = root.via.map.ptr[i].val;
@@ -138,6 +153,23 @@ Result<PeerDescriptor> decode_descriptor(const ucx::Bytes& bytes) {
       d.rma = v.via.boolean;
     } else if (key == "instance") {
       s = uint(d.instance, std::numeric_limits<std::uint64_t>::max(), 0);
+    } else if (key == "share") {
+      if (v.type != msgpack::type::STR) return field_error(key, "expected a string");
+      if (v.via.str.size > kMaxShareName) return field_error(key, "longer than 107 bytes");
+      d.share.assign(v.via.str.ptr, v.via.str.size);
+    } else if (key == "share_token") {
+      if (v.type != msgpack::type::BIN) return field_error(key, "expected bin");
+      if (v.via.bin.size != d.share_token.size()) return field_error(key, "not 16 bytes");
+      std::memcpy(d.share_token.data(), v.via.bin.ptr, d.share_token.size());
+      token_seen = true;
+    } else if (key == "pool_kind") {
+      std::uint64_t kind = 0;
+      s = uint(kind, kMaxPoolKind, 0);
+      d.pool_kind = static_cast<std::uint8_t>(kind);
+    } else if (key == "device") {
+      std::uint64_t device = 0;
+      s = uint(device, std::numeric_limits<std::int32_t>::max(), 0);
+      d.device = static_cast<std::uint32_t>(device);
     } else if (key == "pages") {
       s = uint(pages, std::numeric_limits<std::uint32_t>::max(), 32);
       d.pages = static_cast<std::uint32_t>(pages);
@@ -147,6 +179,7 @@ Result<PeerDescriptor> decode_descriptor(const ucx::Bytes& bytes) {
   const char* names[] = {"node", "worker_address", "rkey", "base", "page_bytes", "pages"};
   for (unsigned b = 0; b < 6; ++b)
     if (!(seen & (1u << b))) return field_error(names[b], "missing");
+  if (!d.share.empty() && !token_seen) return field_error("share_token", "missing");
   if (d.page_bytes == 0 || d.pages == 0) return make_error("descriptor: an empty pool");
   if (d.page_bytes > std::numeric_limits<std::uint64_t>::max() / d.pages ||
       d.base > std::numeric_limits<std::uint64_t>::max() - d.page_bytes * d.pages)

@@ -3,6 +3,8 @@
 // every field is type- and size-checked and an error names the field.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -23,6 +25,12 @@ struct PeerDescriptor {
   // False when the pool is not open to one-sided access (device memory staged through host
   // memory): peers then move its chunks with active messages, one page per run.
   bool rma = true;
+  // Same-host moves (pool_share.hpp): the abstract socket where this pool is handed out and the
+  // token a client proves itself with; empty when the pool is not offered.
+  std::string share;
+  std::array<std::byte, 16> share_token{};
+  std::uint8_t pool_kind = 0;  // gpu::MemoryKind of the pool
+  std::uint32_t device = 0;    // its CUDA device, for a device pool
 };
 
 // A refusal sent in place of a descriptor; decode_descriptor reports it as an error.

@@ -162,12 +162,15 @@ Status TransferPlane::Impl::init() {
   watch(wake_->fd(), true);
   watch(listener_->event_fd(), true);
   watch(links_->fd(), true);
+  start_same_host();
   thread_ = std::thread([this] { run(); });
   return {};
 }
 
 void TransferPlane::Impl::stop() {
   if (!thread_.joinable()) return;
+  mapper_.reset();  // it posts commands; none may come after the thread
+  share_.reset();   // peers map no more of our pool (mappings they hold stay theirs)
   stopping_ = true;
   wake_->signal();
   thread_.join();
@@ -196,7 +199,7 @@ TransferId TransferPlane::Impl::submit(bool pull, const std::string& peer,
   const TransferId id = x->id;
   {
     std::lock_guard lock(commands_mutex_);
-    commands_.push_back(Command{Command::kSubmit, std::move(x), id, {}, {}});
+    commands_.push_back(Command{Command::kSubmit, std::move(x), id, {}, {}, {}});
   }
   wake_->signal();
   return id;
@@ -205,7 +208,7 @@ TransferId TransferPlane::Impl::submit(bool pull, const std::string& peer,
 void TransferPlane::Impl::cancel(TransferId id) {
   {
     std::lock_guard lock(commands_mutex_);
-    commands_.push_back(Command{Command::kCancel, nullptr, id, {}, {}});
+    commands_.push_back(Command{Command::kCancel, nullptr, id, {}, {}, {}});
   }
   wake_->signal();
 }
@@ -252,6 +255,10 @@ unsigned TransferPlane::Impl::drain_commands() {
       Error e = std::move(s).error();
       e.code = split_url(c.peer) ? ErrorCode::kPeerLost : ErrorCode::kInvalid;
       c.ask.done(std::move(e));
+      continue;
+    }
+    if (c.kind == Command::kMapped) {
+      if (!stopping_) attach_mapping(std::move(c.mapped));
       continue;
     }
     if (c.kind == Command::kSubmit) {
@@ -403,6 +410,7 @@ void TransferPlane::Impl::report(std::unique_ptr<Xfer> x) {
       ++counters_.transfers_failed;
     ++counters_.failures[static_cast<int>(result.failure)];
     (x->pull ? counters_.bytes_pulled : counters_.bytes_pushed) += result.stats.bytes;
+    if (x->same_host) counters_.bytes_same_host += result.stats.bytes;
   }
   if (!x->callback) return;
   try {

@@ -45,7 +45,21 @@ const char* to_string(Failure f) {
   return "?";
 }
 
+Result<SameHost> parse_same_host(const std::string& text) {
+  if (text == "auto") return SameHost::kAuto;
+  if (text == "off") return SameHost::kOff;
+  return make_error(ErrorCode::kInvalid, "same-host '" + text + "': expected auto or off");
+}
+
+const char* to_string(SameHost s) {
+  return s == SameHost::kAuto ? "auto" : "off";
+}
+
 // ---- TransferPlane ----------------------------------------------------------------------------
+
+std::string TransferPlane::same_host_status() const {
+  return impl_->same_host_status();
+}
 
 PoolPathChoice TransferPlane::pool_path() const {
   return impl_->pool_path();

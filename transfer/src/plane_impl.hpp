@@ -18,6 +18,8 @@
 #include "kvnode/common/unique_fd.hpp"
 #include "kvnode/transfer/plane.hpp"
 #include "listener.hpp"
+#include "pool_share.hpp"
+#include "same_host.hpp"
 #include "session_acceptor.hpp"
 #include "session_initiator.hpp"
 
@@ -31,6 +33,7 @@ class TransferPlane::Impl {
     pool_.pages = static_cast<std::uint32_t>(pool.page_count());
     memory_kind_ = pool.region().kind();
     device_ = pool.region().device();
+    region_ = &pool.region();
   }
   ~Impl() { stop(); }
 
@@ -45,22 +48,24 @@ class TransferPlane::Impl {
     return counters_;
   }
   PoolPathChoice pool_path() const { return path_; }
+  std::string same_host_status() const { return same_host_status_; }
   std::uint64_t ucx_memory_types() const { return ucx_memory_types_; }
 
  private:
   struct Command {
-    enum Kind { kSubmit, kCancel, kAsk } kind;
+    enum Kind { kSubmit, kCancel, kAsk, kMapped } kind;
     std::unique_ptr<Xfer> xfer;
     TransferId id = 0;
-    std::string peer;  // kAsk
+    std::string peer;  // kAsk, kMapped
     PendingAsk ask;
+    MapResult mapped;  // kMapped
   };
 
  public:
   void submit_ask(const std::string& peer, PendingAsk a) {
     {
       std::lock_guard lock(commands_mutex_);
-      Command c{Command::kAsk, nullptr, 0, peer, std::move(a)};
+      Command c{Command::kAsk, nullptr, 0, peer, std::move(a), {}};
       commands_.push_back(std::move(c));
     }
     wake_->signal();
@@ -97,6 +102,12 @@ class TransferPlane::Impl {
   void lost(LinkId link, const std::string& why);
   void welcomed(InitiatorSession& s, const LinkBytes& welcome);
 
+  // Same-host moves (plane_same_host.cpp).
+  void start_same_host();
+  void request_mapping(const InitiatorSession& s);
+  void attach_mapping(MapResult r);
+  int cuda_device() const;  // our CUDA copy engine's device, -1 without one
+
   PlaneOptions options_;
   PoolView pool_;
   gpu::MemoryKind memory_kind_ = gpu::MemoryKind::kHost;
@@ -112,7 +123,8 @@ class TransferPlane::Impl {
   }
   PoolPathChoice path_;
   std::uint64_t ucx_memory_types_ = 0;
-  PeerDescriptor pool_descriptor_;  // ours; each session adds its worker address
+  PeerDescriptor pool_descriptor_;             // ours; each session adds its worker address
+  const gpu::MemoryRegion* region_ = nullptr;  // the pool's memory, handed to same-host peers
   std::string url_;
 
   // Acquired in this order, released in reverse (sessions go first, on the thread).
@@ -132,6 +144,15 @@ class TransferPlane::Impl {
 
   std::mutex commands_mutex_;
   std::deque<Command> commands_;
+  // Same-host moves: the engines copies run on (host pools: threads; a pinned pool's CUDA
+  // engine; a device pool uses engine_), our pool's share socket, and the thread mapping peers'.
+  // The mapper goes first at stop: it posts commands.
+  std::unique_ptr<gpu::CopyEngine> host_copier_;
+  std::unique_ptr<gpu::CopyEngine> pinned_copier_;
+  std::unique_ptr<PoolShareServer> share_;
+  std::unique_ptr<SameHostMapper> mapper_;
+  std::string same_host_status_ = "off";
+
   std::atomic<bool> stopping_{false};
   std::atomic<TransferId> next_id_{1};
   mutable std::mutex counters_mutex_;

@@ -73,6 +73,7 @@ void TransferPlane::Impl::welcomed(InitiatorSession& s, const LinkBytes& welcome
   links_->modify(s.link_fd(), s.link_events(), 0);
   spdlog::info("transfer plane: session with {} open ({} over {})", s.peer(),
                to_string(s.protocol()), s.transport());
+  if (s.remote().host == pool_descriptor_.host) request_mapping(s);
   {
     std::lock_guard lock(counters_mutex_);
     ++counters_.sessions_opened;

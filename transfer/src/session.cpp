@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <map>
 
 #include "lanes.hpp"
 
@@ -41,16 +42,15 @@ Status Session::start(std::initializer_list<AmHandler> handlers, void* arg,
 }
 
 Session::~Session() {
-  // Copies cannot be cancelled: let them land (they take microseconds) before the slots and
-  // pages they touch are handed on.
-  const auto until = Clock::now() + std::chrono::seconds(5);
+  // Nothing of a copy may run once the slots and pages it touches are handed on: cancel()
+  // returns when none of it does (a CUDA copy is waited for; queued pieces of a same-host copy
+  // are dropped).
+  std::map<gpu::CopyEngine*, std::vector<gpu::CopyEngine::Ticket>> by_engine;
   for (Copy& c : copies_) {
-    while (Clock::now() < until) {
-      Result<bool> done = copier_->done(c.ticket);
-      if (!done || *done) break;
-    }
+    by_engine[engine_of(c)].push_back(c.ticket);
     if (c.slot) slot_return_.slots.push_back(*c.slot);
   }
+  for (auto& [engine, tickets] : by_engine) engine->cancel(tickets);
   for (Op& op : ops_) {
     if (op.request) ucp_request_free(op.request);
     if (op.slot) slot_return_.slots.push_back(*op.slot);
@@ -145,7 +145,7 @@ unsigned Session::progress() {
     run(d);
     ++n;
   }
-  if (copier_) n += poll_copies();
+  if (!copies_.empty()) n += poll_copies();
   for (auto it = ops_.begin(); it != ops_.end();) {
     if (it->request == nullptr) {
       ++it;

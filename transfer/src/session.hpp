@@ -18,6 +18,7 @@
 #include <deque>
 #include <initializer_list>
 #include <list>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -83,6 +84,7 @@ class Session {
   ServeCounters take_serve_counters() { return std::exchange(serve_, {}); }
 
   const std::string& peer() const { return peer_; }
+  const PeerDescriptor& remote() const { return remote_; }  // once connected
   bool ready() const { return endpoint_.has_value(); }
   const ucx::Worker& worker() const { return worker_; }
   int event_fd() const { return event_fd_; }
@@ -111,7 +113,7 @@ class Session {
     kServeStage,  // acceptor
     kAnswer,      // both
   };
-  enum class CopyKind { kPullLanded, kPushStaged, kServeStaged, kServeLanded };
+  enum class CopyKind { kPullLanded, kPushStaged, kServeStaged, kServeLanded, kMappedRun };
   struct Op {
     explicit Op(OpKind k, TransferId x = 0, std::uint32_t r = 0) : kind(k), xfer(x), run(r) {}
     ucs_status_ptr_t request = nullptr;
@@ -127,7 +129,9 @@ class Session {
     am::AskHeader ask{};
     std::vector<std::byte> body;  // kAsk / kAnswer
   };
-  struct Copy {  // a copy in flight (staging, or an eager payload into a device pool)
+  // A copy in flight: staging, an eager payload into a device pool, or a run of a same-host
+  // transfer copied straight to or from the peer's mapped pool (engine: the mapping's).
+  struct Copy {
     gpu::CopyEngine::Ticket ticket = 0;
     CopyKind kind = CopyKind::kPullLanded;
     TransferId xfer = 0;
@@ -135,6 +139,8 @@ class Session {
     std::optional<gpu::PageId> slot;
     am::RunHeader header{};  // kServeStaged / kServeLanded: whom to answer
     am::RunRequest target{};
+    gpu::CopyEngine* engine = nullptr;  // null: copier_
+    std::shared_ptr<const void> keep;   // the mapped pool it reads or writes, until it ends
   };
   struct Deferred {  // a rendezvous to receive, or a request to serve, outside UCX's callback
     explicit Deferred(OpKind k) : kind(k) {}
@@ -177,6 +183,7 @@ class Session {
   void give_slot(gpu::PageId slot);
   std::byte* slot_bytes(gpu::PageId slot) const { return staging_->ring->page(slot); }
   void start_copy(Copy copy, void* dst, const void* src, std::size_t bytes);
+  gpu::CopyEngine* engine_of(const Copy& c) const { return c.engine ? c.engine : copier_; }
   unsigned poll_copies();
   bool needs_slot(const Deferred& d) const;
 

@@ -93,7 +93,9 @@ void AcceptorSession::serve(Deferred& d) {
     case OpKind::kServeStage: {  // a peer's pull, staged: page -> slot, then sent (landed)
       const am::RunRequest r = d.runs.at(0);
       const gpu::PageId slot = *take_slot();
-      Copy c{0, CopyKind::kServeStaged, 0, 0, slot, {d.transfer, r.run, am::RunCode::kOk}, r};
+      Copy c{
+          0, CopyKind::kServeStaged, 0, 0, slot, {d.transfer, r.run, am::RunCode::kOk}, r, nullptr,
+          {}};
       start_copy(c, slot_bytes(slot), pool_.page(r.first), pool_.page_bytes);
       break;
     }
@@ -119,7 +121,7 @@ void AcceptorSession::completed(Op& op, ucs_status_t st) {
       const am::RunHeader ack{op.push.transfer, target.run,
                               ok ? am::RunCode::kOk : am::RunCode::kMalformed};
       if (op.slot && ok) {  // the bytes are in a slot: copied to the page, acknowledged after
-        Copy c{0, CopyKind::kServeLanded, 0, 0, op.slot, ack, target};
+        Copy c{0, CopyKind::kServeLanded, 0, 0, op.slot, ack, target, nullptr, {}};
         return start_copy(c, pool_.page(target.first), slot_bytes(*op.slot),
                           span_bytes(target.count));
       }
@@ -230,7 +232,9 @@ ucs_status_t AcceptorSession::on_push_data(void* arg, const void* header, std::s
                        0,
                        std::nullopt,
                        {h->transfer, t.run, am::RunCode::kOk},
-                       t},
+                       t,
+                       nullptr,
+                       {}},
                   s->pool_.page(t.first), data, length);
     return UCS_OK;
   }

@@ -84,7 +84,9 @@ void InitiatorSession::post(Xfer& x) {
     return;
   }
   x.open(std::move(plan).value());
-  if (use_rma(x))
+  if (mapping_)
+    post_mapped(x);
+  else if (use_rma(x))
     post_rma(x);
   else
     post_am(x);
@@ -124,6 +126,25 @@ void InitiatorSession::post_rma(Xfer& x) {
   }
   // Remote completion: the flush ends after every put above is in the peer's memory.
   if (!x.pull) track(ucp_ep_flush_nbx(endpoint_->get(), &param), Op(OpKind::kFlush, x.id, 0));
+}
+
+// Each run is one copy between our page and the peer's, on the mapping's engine; landed()
+// finishes it. The peer's plane hears of it as of RMA, by a notice, once all runs ended.
+void InitiatorSession::post_mapped(Xfer& x) {
+  x.same_host = true;
+  x.stats.protocol = Protocol::kRma;
+  x.stats.transport = mapping_->transport;
+  for (std::uint32_t r = 0; r < x.plan.runs.size(); ++r) {
+    const Run& run = x.plan.runs[r];
+    std::byte* local = pool_.page(run.local);
+    std::byte* remote = mapping_->page(run.remote, pool_.page_bytes);
+    Copy c{0, CopyKind::kMappedRun, x.id, r, std::nullopt, {}, {}, mapping_->engine, mapping_};
+    ++x.stats.ops;
+    if (x.pull)
+      start_copy(std::move(c), local, remote, span_bytes(run.count));
+    else
+      start_copy(std::move(c), remote, local, span_bytes(run.count));
+  }
 }
 
 void InitiatorSession::post_am(Xfer& x) {
@@ -178,7 +199,7 @@ void InitiatorSession::completed(Op& op, ucs_status_t st) {
       if (x) x->fail_run(op.run, Failure::kPeerLost, status_text("reading from the peer", st));
       return;
     }
-    Copy c{0, CopyKind::kPullLanded, x->id, op.run, slot, {}, {}};
+    Copy c{0, CopyKind::kPullLanded, x->id, op.run, slot, {}, {}, nullptr, {}};
     return start_copy(c, pool_.page(x->plan.runs[op.run].local), slot_bytes(slot),
                       pool_.page_bytes);
   }
@@ -247,7 +268,7 @@ void InitiatorSession::serve(Deferred& d) {
       if (!x || !x->is_open(d.run_index)) break;
       const Run& run = x->plan.runs[d.run_index];
       const gpu::PageId slot = *take_slot();
-      Copy c{0, CopyKind::kPushStaged, x->id, d.run_index, slot, {}, {}};
+      Copy c{0, CopyKind::kPushStaged, x->id, d.run_index, slot, {}, {}, nullptr, {}};
       start_copy(c, slot_bytes(slot), pool_.page(run.local), pool_.page_bytes);
       break;
     }
@@ -285,6 +306,17 @@ void InitiatorSession::landed(Copy& c, const Status& status) {
       op.slot = c.slot;
       settle(ucp_am_send_nbx(endpoint_->get(), am::kPushData, &op.push, sizeof(op.push),
                              slot_bytes(*c.slot), pool_.page_bytes, &param));
+      break;
+    }
+    case CopyKind::kMappedRun: {
+      Xfer* x = find(c.xfer);
+      if (!x) break;
+      if (status)
+        x->finish_run(c.run);
+      else
+        x->fail_run(c.run, Failure::kRejected,
+                    "copying with the peer's mapped pool: " + status.error().message);
+      if (x->finished()) notify(x->pull ? am::kRead : am::kWritten, *x);
       break;
     }
     default:

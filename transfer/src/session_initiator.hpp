@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "control_link.hpp"
+#include "same_host.hpp"
 #include "session.hpp"
 
 namespace kvnode::transfer {
@@ -38,6 +39,11 @@ class InitiatorSession final : public Session {
   void submit(std::unique_ptr<Xfer> xfer);
   void ask(PendingAsk a);
   void post_waiting();
+
+  // Same-host: from now on this session copies its transfers' runs straight to or from the
+  // peer's pool mapped here (transfers already posted finish the way they started).
+  void attach(std::shared_ptr<const PeerMapping> mapping) { mapping_ = std::move(mapping); }
+  bool mapped() const { return mapping_ != nullptr; }
 
   unsigned progress() override;
   // Transfers that ended since the last call.
@@ -66,7 +72,9 @@ class InitiatorSession final : public Session {
   static constexpr std::uint64_t kCmaPushViaAmBytes = 8 << 20;  // per run, on average
   void post_rma(Xfer& x);
   void post_am(Xfer& x);
-  std::uint32_t max_run() const { return staging_ || !remote_.rma ? 1 : UINT32_MAX; }
+  void post_mapped(Xfer& x);
+  // Staged pools move one page per message; mapped and one-sided copies take whole runs.
+  std::uint32_t max_run() const { return !mapping_ && (staging_ || !remote_.rma) ? 1 : UINT32_MAX; }
   Xfer* find(TransferId id);
   // After RMA: tells the peer which of its pages x wrote (kWritten) or read (kRead).
   void notify(unsigned am_id, Xfer& x);
@@ -85,7 +93,8 @@ class InitiatorSession final : public Session {
   LinkBytes hello_;
   int dials_ = 0;
 
-  std::deque<std::unique_ptr<Xfer>> waiting_;  // until connected
+  std::shared_ptr<const PeerMapping> mapping_;  // the peer's pool, once mapped
+  std::deque<std::unique_ptr<Xfer>> waiting_;   // until connected
   std::map<TransferId, std::unique_ptr<Xfer>> xfers_;
   std::vector<std::unique_ptr<Xfer>> finished_;
   std::deque<PendingAsk> asks_waiting_;  // until connected

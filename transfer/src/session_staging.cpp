@@ -24,7 +24,7 @@ void Session::give_slot(gpu::PageId slot) {
 }
 
 void Session::start_copy(Copy copy, void* dst, const void* src, std::size_t bytes) {
-  Result<gpu::CopyEngine::Ticket> ticket = copier_->copy(dst, src, bytes);
+  Result<gpu::CopyEngine::Ticket> ticket = engine_of(copy)->copy(dst, src, bytes);
   if (!ticket) return landed(copy, Status{ticket.error()});
   copy.ticket = *ticket;
   copies_.push_back(copy);
@@ -33,7 +33,7 @@ void Session::start_copy(Copy copy, void* dst, const void* src, std::size_t byte
 unsigned Session::poll_copies() {
   unsigned n = 0;
   for (auto it = copies_.begin(); it != copies_.end();) {
-    Result<bool> done = copier_->done(it->ticket);
+    Result<bool> done = engine_of(*it)->done(it->ticket);
     if (done && !*done) {
       ++it;
       continue;

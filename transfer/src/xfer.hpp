@@ -39,7 +39,8 @@ struct Xfer {
   Plan plan;
   std::vector<RunState> run_state;  // per plan.runs
   std::uint32_t open_runs = 0;
-  bool notified = false;  // the peer was told what RMA did to its pages
+  bool notified = false;   // the peer was told what RMA did to its pages
+  bool same_host = false;  // copied through the peer's pool mapped here
   Failure failure = Failure::kNone;
   std::string message;
   TransferStats stats;

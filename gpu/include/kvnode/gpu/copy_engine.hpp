@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "kvnode/common/result.hpp"
 
@@ -18,10 +19,20 @@ class CopyEngine {
  public:
   using Ticket = std::uint64_t;
   virtual ~CopyEngine() = default;
-  // Starts copying; `src` may be reused once this returns.
+  // Starts copying. `src` and `dst` stay valid until done() is true or cancel() returned (the
+  // host engine needs neither once copy() returns).
   virtual Result<Ticket> copy(void* dst, const void* src, std::size_t bytes) = 0;
   // True once the copy has landed (the ticket is then forgotten); an error if it failed.
   virtual Result<bool> done(Ticket ticket) = 0;
+  // Gives up on a copy: what has not started never runs, and this returns once nothing of the
+  // copy touches memory any more (its destination bytes are then undefined; the ticket is
+  // forgotten). A finished or unknown ticket returns at once.
+  virtual void cancel(Ticket ticket) = 0;
+  // cancel() of several copies at once: none of them starts anything more while this waits for
+  // what is running (one at a time, a cancel could wait while the next copy's pieces start).
+  virtual void cancel(std::span<const Ticket> tickets) {
+    for (Ticket t : tickets) cancel(t);
+  }
   virtual const char* name() const = 0;
 };
 

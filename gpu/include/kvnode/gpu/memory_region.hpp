@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "kvnode/common/result.hpp"
+#include "kvnode/common/unique_fd.hpp"
 
 namespace kvnode::gpu {
 
@@ -27,6 +28,10 @@ struct RegionOptions {
   bool huge_pages = true;   // kHost: ask for transparent huge pages
   bool lock = true;         // kHost: mlock, so the pages never swap; best effort
   std::string shared_name;  // kHost: "/name" of a POSIX shm object to map; "" = anonymous
+  // kHost and kPinnedHost: backed by a memfd (kPinnedHost then pinned with cudaHostRegister in
+  // place of cudaHostAlloc) so region_share.hpp can hand it to a peer on this host. Huge pages
+  // then need shmem THP (/sys/kernel/mm/transparent_hugepage/shmem_enabled: advise or always).
+  bool shareable = false;
 };
 
 class MemoryRegion {
@@ -42,6 +47,8 @@ class MemoryRegion {
   int device() const { return memory_.get_deleter().device; }
   bool locked() const { return locked_; }          // kHost: mlock succeeded
   bool huge_pages() const { return huge_pages_; }  // kHost: THP asked for and not disabled
+  // The memfd behind a shareable host or pinned region; -1 otherwise.
+  int share_fd() const { return share_fd_.get(); }
   const std::string& shared_name() const {
     return memory_.get_deleter().shm_name;
   }  // "" unless shared
@@ -52,12 +59,16 @@ class MemoryRegion {
     std::size_t mapped = 0;  // kHost: length of the mapping
     int device = 0;
     std::string shm_name;  // kHost shared: unlinked on release
+    // kPinnedHost shareable: a memfd mapping of `mapped` bytes pinned with cudaHostRegister
+    // (unregistered, then unmapped), not cudaHostAlloc memory.
+    bool registered = false;
     void operator()(void* p) const;
   };
   MemoryRegion(std::unique_ptr<void, Release> memory, std::size_t bytes)
       : memory_(std::move(memory)), bytes_(bytes) {}
 
   std::unique_ptr<void, Release> memory_;
+  UniqueFd share_fd_;  // the memfd of a shareable region (the mapping alone keeps it alive)
   std::size_t bytes_ = 0;
   bool locked_ = false;
   bool huge_pages_ = false;

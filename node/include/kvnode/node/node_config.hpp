@@ -37,6 +37,11 @@ struct NodeConfig {
   // Device pools: "auto" registers them with UCX directly (GPUDirect) where UCX registers CUDA
   // memory, else stages them through pinned memory; "off" always stages.
   std::string gpudirect = "auto";
+  // Same-host moves: "auto" shares this pool with kvnodes on the same host (a memfd, or CUDA IPC
+  // for a device pool) and maps theirs, so moves between them are copies, not network transfers;
+  // "off" moves everything through UCX. copy_threads: threads per copy (0: half the cores, 1-8).
+  std::string same_host = "auto";
+  std::size_t copy_threads = 0;
   std::string advertise_ip = "127.0.0.1";  // where the controller reaches the REP port
   int http_port = 0;                       // /metrics and /health; 0: a free port; < 0: off
   std::string http_host = "127.0.0.1";

@@ -32,6 +32,14 @@ namespace kvnode::transfer {
 
 Result<Protocol> parse_protocol(const std::string& text);  // "auto", "rma", "am"
 
+// Same-host moves: two planes on one host (one boot, one network namespace) copy chunks
+// straight between their pools, each mapping the other's (region_share.hpp), instead of going
+// through UCX. kAuto offers our pool (when it was allocated shareable) and maps a peer's that
+// is offered; kOff does neither.
+enum class SameHost { kAuto, kOff };
+Result<SameHost> parse_same_host(const std::string& text);  // "auto", "off"
+const char* to_string(SameHost s);
+
 struct PlaneOptions {
   std::string host = "127.0.0.1";          // where the listener binds (the peer_init_url host)
   std::uint16_t port = 0;                  // 0: a free port, see TransferPlane::url()
@@ -55,6 +63,11 @@ struct PlaneOptions {
   // Moves a host pool the same way, with memcpy in place of CUDA: the staging path's stand-in
   // for tests and diagnosis on hosts without a GPU.
   bool stage_through_host = false;
+  // Same-host moves (SameHost above). The library's default keeps every move on UCX; kvnode
+  // turns it on. The pool must be allocated with RegionOptions::shareable to be offered.
+  SameHost same_host = SameHost::kOff;
+  // Threads that copy same-host moves between host pools (0: gpu::default_copy_threads()).
+  std::size_t copy_threads = 0;
   // Called on the progress thread after a peer wrote pages of our pool (push), once the bytes
   // are in place. The node marks chunks present from here, never earlier.
   std::function<void(const std::string& peer, const std::vector<gpu::PageId>& pages)> on_written;
@@ -72,6 +85,7 @@ struct PlaneCounters {
   std::uint64_t bytes_pulled = 0;
   std::uint64_t bytes_pushed = 0;
   std::uint64_t bytes_served = 0;  // read from or written to our pool by peers (AM and RMA)
+  std::uint64_t bytes_same_host = 0;  // of bytes_pulled + bytes_pushed: copied by mapping the peer
   std::uint64_t sessions_opened = 0;
   std::uint64_t sessions_reset = 0;
   std::uint64_t requests_rejected = 0;         // peers' requests refused (bad pages, bad lengths)
@@ -119,6 +133,9 @@ class TransferPlane final : public PeerTransport {
   // the memory types UCX reported (device_path.hpp), from which it was decided.
   PoolPathChoice pool_path() const;
   std::uint64_t ucx_memory_types() const;
+  // Whether same-host moves are on, and why not when they are not (for the log and kvctl
+  // doctor): e.g. "offered (memfd, 4 copy threads)" or "off (--same-host off)".
+  std::string same_host_status() const;
 
   class Impl;
 
