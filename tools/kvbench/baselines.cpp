@@ -1,12 +1,15 @@
 #include "baselines.hpp"
 
 #include <algorithm>
+#include <barrier>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <sstream>
 #include <thread>
 
+#include "kvnode/gpu/copy_engine.hpp"
+#include "kvnode/gpu/cuda_ipc.hpp"
 #include "processes.hpp"
 
 extern char** environ;
@@ -57,9 +60,19 @@ std::vector<std::string> perftest_candidates(const std::string& tls) {
 
 std::vector<PerftestResult> run_perftest(const std::string& tls, std::size_t bytes,
                                          const std::vector<std::string>& tests) {
-  std::vector<PerftestResult> out;
   const std::size_t iterations = std::clamp<std::size_t>((std::size_t{1} << 30) / bytes, 10, 2000);
-  const std::size_t warmup = std::max<std::size_t>(2, iterations / 10);
+  return run_perftest(tls, bytes, tests, iterations, std::max<std::size_t>(2, iterations / 10));
+}
+
+std::size_t batch_perftest_iterations(std::size_t bytes) {
+  const std::size_t target = std::size_t{2} << 30;
+  return std::clamp<std::size_t>((target + bytes - 1) / std::max<std::size_t>(bytes, 1), 2, 2000);
+}
+
+std::vector<PerftestResult> run_perftest(const std::string& tls, std::size_t bytes,
+                                         const std::vector<std::string>& tests,
+                                         std::size_t iterations, std::size_t warmup) {
+  std::vector<PerftestResult> out;
   for (const std::string& test : tests) {
     const std::uint16_t port = free_port();
     // The server serves one test, then exits; the shell wrapper bounds it in case the client fails.
@@ -89,6 +102,67 @@ double memcpy_gbps(std::size_t bytes, int rounds) {
   }
   std::sort(samples.begin(), samples.end());
   return samples[samples.size() / 2];
+}
+
+double memcpy_gbps_threads(std::size_t bytes, std::size_t threads, int rounds) {
+  threads = std::max<std::size_t>(threads, 1);
+  rounds = std::max(rounds, 1);
+  std::vector<char> a(bytes, 1), b(bytes, 2);  // touched: no page faults in the timing
+  // Shares in whole 4 KiB pages, as the plane's copy threads cut theirs.
+  const std::size_t page = 4096;
+  const std::size_t share = (bytes / threads + page - 1) / page * page;
+  // Two phases a round: all start together, then all have finished.
+  std::barrier sync(static_cast<std::ptrdiff_t>(threads + 1));
+  std::vector<std::jthread> workers;
+  for (std::size_t t = 0; t < threads; ++t)
+    workers.emplace_back([&, t] {
+      const std::size_t at = std::min(bytes, t * share);
+      const std::size_t n = std::min(bytes - at, share);
+      for (int i = 0; i < rounds; ++i) {
+        sync.arrive_and_wait();
+        std::memcpy(b.data() + at, a.data() + at, n);
+        sync.arrive_and_wait();
+      }
+    });
+  std::vector<double> samples;
+  for (int i = 0; i < rounds; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    sync.arrive_and_wait();
+    sync.arrive_and_wait();
+    const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
+    samples.push_back(static_cast<double>(bytes) / dt.count() / 1e9);
+  }
+  return median(samples);
+}
+
+Result<double> device_copy_gbps(std::size_t bytes, int rounds) {
+  Result<std::unique_ptr<gpu::CopyEngine>> engine = gpu::make_cuda_copy_engine(0);
+  if (!engine) return engine.error();
+  Result<gpu::DeviceBuffer> src = gpu::DeviceBuffer::allocate(bytes, 0);
+  if (!src) return src.error();
+  Result<gpu::DeviceBuffer> dst = gpu::DeviceBuffer::allocate(bytes, 0);
+  if (!dst) return dst.error();
+  if (Status s = gpu::cuda_fill(src->data(), 1, bytes); !s) return s.error();
+  auto once = [&]() -> Result<double> {
+    const auto t0 = std::chrono::steady_clock::now();
+    Result<gpu::CopyEngine::Ticket> ticket = (*engine)->copy(dst->data(), src->data(), bytes);
+    if (!ticket) return ticket.error();
+    for (;;) {
+      Result<bool> done = (*engine)->done(*ticket);
+      if (!done) return done.error();
+      if (*done) break;
+    }
+    const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
+    return static_cast<double>(bytes) / dt.count() / 1e9;
+  };
+  if (Result<double> warm = once(); !warm) return warm.error();  // first touch, module load
+  std::vector<double> samples;
+  for (int i = 0; i < std::max(rounds, 1); ++i) {
+    Result<double> r = once();
+    if (!r) return r.error();
+    samples.push_back(*r);
+  }
+  return median(samples);
 }
 
 }  // namespace kvnode::bench

@@ -70,6 +70,7 @@ int run_node_bench(const NodeBenchSpec& s) {
                                      work + "-" + name + ".sock"};
     if (!s.tls.empty()) args.insert(args.end(), {"--ucx-tls", s.tls});
     if (s.tls == "tcp") args.insert(args.end(), {"--ucx-net-devices", "lo"});
+    args.insert(args.end(), {"--same-host", s.same_host ? "auto" : "off"});
     return std::make_unique<Child>(args);
   };
   auto node_a = start_node("bench-a");
@@ -181,6 +182,7 @@ int run_node_bench(const NodeBenchSpec& s) {
   GroupSpec g;
   g.self = s.self;
   g.tls = s.tls;
+  g.setup.same_host = s.same_host;
   g.chunk_bytes = s.chunk_bytes;
   g.batches = {s.chunks};
   g.ops = {false};
@@ -219,6 +221,7 @@ int run_node_bench(const NodeBenchSpec& s) {
   if (s.json) {
     std::printf("%s\n", json{{"kind", "node"},
                              {"tls", t},
+                             {"same_host", s.same_host},
                              {"chunk_bytes", s.chunk_bytes},
                              {"chunks", s.chunks},
                              {"move_gbps", move_gbps},
@@ -231,8 +234,9 @@ int run_node_bench(const NodeBenchSpec& s) {
                             .dump()
                             .c_str());
   } else {
-    std::printf("kvbench node: tls %s, %zu chunks of %zu KiB per move, %zu iterations\n", t.c_str(),
-                s.chunks, s.chunk_bytes >> 10, s.iterations);
+    std::printf(
+        "kvbench node: tls %s, same-host %s, %zu chunks of %zu KiB per move, %zu iterations\n",
+        t.c_str(), s.same_host ? "auto" : "off", s.chunks, s.chunk_bytes >> 10, s.iterations);
     std::printf("  move via /move (call to answer)  %8.2f GB/s  p50 %.1f ms\n", move_gbps,
                 median(move_s) * 1e3);
     std::printf("  control path only (nothing held) p50 %.2f ms\n", median(control_s) * 1e3);

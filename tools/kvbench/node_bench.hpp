@@ -17,6 +17,9 @@ struct NodeBenchSpec {
   std::size_t chunk_bytes = 2 << 20;
   std::size_t chunks = 64;      // per move
   std::size_t iterations = 10;  // moves each way, retrieves per size
+  // The nodes' --same-host (on by default: two nodes of one host copy between their pools); the
+  // raw plane baseline moves the same way, so the ratio is what the node adds to the plane.
+  bool same_host = true;
   bool json = false;
   int base_port = 19400;  // kvcontroller and the nodes use ports from here
 };

@@ -11,6 +11,7 @@
 
 #include "baselines.hpp"
 #include "kvnode/gpu/chunk_pool.hpp"
+#include "kvnode/gpu/cuda_ipc.hpp"
 #include "kvnode/transfer/plane.hpp"
 #include "processes.hpp"
 
@@ -20,6 +21,7 @@ namespace kvnode::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+constexpr std::chrono::seconds kSameHostWarmup{1};
 
 // `kvbench serve` in a child process, with the group's UCX_TLS; stopped and reaped when done.
 class ServedPeer {
@@ -43,8 +45,14 @@ class ServedPeer {
     std::vector<std::string> a = {g.self,          "serve",
                                   "--port-file",   file,
                                   "--chunk-bytes", std::to_string(g.chunk_bytes),
-                                  "--pages",       std::to_string(pages)};
-    if (g.stage) a.push_back("--stage");
+                                  "--pages",       std::to_string(pages),
+                                  "--pool",        std::string(gpu::to_string(g.setup.pool))};
+    if (g.setup.stage) a.push_back("--stage");
+    if (g.setup.same_host) a.push_back("--same-host");
+    if (g.setup.copy_threads != 0) {
+      a.push_back("--copy-threads");
+      a.push_back(std::to_string(g.setup.copy_threads));
+    }
     return a;
   }
   static std::string fresh_file() {
@@ -70,6 +78,38 @@ class ServedPeer {
   std::string url_;
 };
 
+// A pool as the setup asks (shareable for same-host moves), every byte written before timing so
+// no page fault lands in a measured transfer.
+Result<gpu::ChunkPool> make_pool(std::size_t chunk_bytes, std::size_t pages, const PlaneSetup& s,
+                                 int fill) {
+  gpu::PoolOptions po;
+  po.page_bytes = chunk_bytes;
+  po.pages = pages;
+  po.region.kind = s.pool;
+  po.region.shareable = s.same_host;
+  Result<gpu::ChunkPool> pool = gpu::ChunkPool::create(po);
+  if (!pool) return pool.error();
+  const gpu::MemoryRegion& r = pool->region();
+  if (r.kind() == gpu::MemoryKind::kDevice) {
+    if (Status st = gpu::cuda_fill(r.data(), fill, r.size()); !st) return st.error();
+  } else {
+    std::memset(r.data(), fill, r.size());
+  }
+  return pool;
+}
+
+void apply(const PlaneSetup& s, transfer::PlaneOptions& options) {
+  options.stage_through_host = s.stage;
+  options.same_host = s.same_host ? transfer::SameHost::kAuto : transfer::SameHost::kOff;
+  options.copy_threads = s.copy_threads;
+}
+
+std::string join(const std::vector<std::string>& parts) {
+  std::string out;
+  for (const std::string& p : parts) out += (out.empty() ? "" : ",") + p;
+  return out;
+}
+
 PointResult run_point(transfer::TransferPlane& plane, const std::string& peer,
                       const PointSpec& spec, const GroupSpec& g) {
   PointResult out;
@@ -90,20 +130,35 @@ PointResult run_point(transfer::TransferPlane& plane, const std::string& peer,
     return r;
   };
   for (int i = 0; i < 2; ++i)
-    if (auto r = once()) {
-      out.protocol = transfer::to_string(r->stats.protocol);
-      out.transport = r->stats.transport;
-    } else {
-      return out;
+    if (!once()) return out;
+  // Same-host: the plane maps the peer's pool on its first moves and may carry them over UCX
+  // meanwhile; warm up until one went same-host (bounded), so the row measures the settled path.
+  // A plane that never gets there shows it in the path column and the status line.
+  if (g.setup.same_host)
+    for (const auto until = Clock::now() + kSameHostWarmup; Clock::now() < until;) {
+      const std::uint64_t before = plane.counters().bytes_same_host;
+      if (!once()) return out;
+      if (plane.counters().bytes_same_host > before) break;
     }
+  // What the measured transfers went by, in the order first seen: more than one when the path
+  // changed during the point (e.g. the first over UCX while the peer's pool was being mapped).
+  std::vector<std::string> protocols, transports;
+  auto note = [](std::vector<std::string>& seen, std::string v) {
+    if (std::find(seen.begin(), seen.end(), v) == seen.end()) seen.push_back(std::move(v));
+  };
   std::vector<double> latencies;
   const auto start = Clock::now();
   while (latencies.size() < g.max_iterations &&
          (latencies.size() < 3 || Clock::now() - start < g.budget)) {
     const auto t0 = Clock::now();
-    if (!once()) return out;
+    const std::optional<transfer::TransferResult> r = once();
+    if (!r) return out;
     latencies.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    note(protocols, transfer::to_string(r->stats.protocol));
+    note(transports, r->stats.transport);
   }
+  out.protocol = join(protocols);
+  out.transport = join(transports);
   // Rates from the median batch: one stall on this shared machine must not move the figure.
   out.iterations = latencies.size();
   out.p50_us = percentile(latencies, 0.5);
@@ -128,57 +183,51 @@ std::vector<PointResult> run_group(const GroupSpec& g) {
       }
     return results;
   };
-  gpu::PoolOptions po;
-  po.page_bytes = g.chunk_bytes;
-  po.pages = pages;
-  Result<gpu::ChunkPool> pool = gpu::ChunkPool::create(po);
+  Result<gpu::ChunkPool> pool = make_pool(g.chunk_bytes, pages, g.setup, 0x5A);
   if (!pool) return fail_all(pool.error().message);
-  std::memset(pool->region().data(), 0x5A, pool->region().size());  // fault it in before timing
   transfer::PlaneOptions options;
+  apply(g.setup, options);
   if (!g.tls.empty()) options.tls = g.tls;
   if (tcp_only(g.tls)) options.net_devices = "lo";
   Result<transfer::Protocol> protocol = transfer::parse_protocol(g.protocol);
   if (!protocol) return fail_all(protocol.error().message);
   options.protocol = *protocol;
-  options.stage_through_host = g.stage;
   ServedPeer peer(g, pages);  // outlives the plane: no "peer lost" at the end
   if (peer.url().empty()) return fail_all("the serving child did not start");
   auto plane = transfer::TransferPlane::start(options, *pool);
   if (!plane) return fail_all(plane.error().message);
   for (std::size_t b : g.batches)
-    for (bool pull : g.ops)
+    for (bool pull : g.ops) {
       results.push_back(
           run_point(**plane, peer.url(), PointSpec{g.tls, g.chunk_bytes, b, pull, g.protocol}, g));
+      results.back().same_host_status = (*plane)->same_host_status();
+    }
   return results;
 }
 
-int serve(const std::string& port_file, std::size_t chunk_bytes, std::size_t pages, bool stage) {
-  gpu::PoolOptions po;
-  po.page_bytes = chunk_bytes;
-  po.pages = pages;
-  Result<gpu::ChunkPool> pool = gpu::ChunkPool::create(po);
+int serve(const ServeSpec& spec) {
+  Result<gpu::ChunkPool> pool = make_pool(spec.chunk_bytes, spec.pages, spec.setup, 0xA5);
   if (!pool) {
     std::fprintf(stderr, "kvbench serve: %s\n", pool.error().message.c_str());
     return 1;
   }
-  std::memset(pool->region().data(), 0xA5, pool->region().size());
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);  // before the plane's thread starts
   transfer::PlaneOptions options;
-  options.stage_through_host = stage;
+  apply(spec.setup, options);
   auto plane = transfer::TransferPlane::start(options, *pool);
   if (!plane) {
     std::fprintf(stderr, "kvbench serve: %s\n", plane.error().message.c_str());
     return 1;
   }
   {
-    std::ofstream out(port_file + ".tmp");
+    std::ofstream out(spec.port_file + ".tmp");
     out << (*plane)->url() << "\n";
   }
-  std::rename((port_file + ".tmp").c_str(), port_file.c_str());
+  std::rename((spec.port_file + ".tmp").c_str(), spec.port_file.c_str());
   int sig = 0;
   sigwait(&set, &sig);
   return 0;

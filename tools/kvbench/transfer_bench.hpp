@@ -1,11 +1,14 @@
 // kvbench transfer: the plane's throughput and latency per transport, chunk size, batch and
-// direction, between this process and a `kvbench serve` child on loopback.
+// direction, between this process and a `kvbench serve` child on loopback. With same_host both
+// planes map each other's pools (memfd or CUDA IPC) instead of going through UCX.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <string>
 #include <vector>
+
+#include "kvnode/gpu/memory_region.hpp"
 
 namespace kvnode::bench {
 
@@ -24,9 +27,20 @@ struct PointResult {
   double p50_us = 0;
   double p99_us = 0;
   std::size_t iterations = 0;
-  std::string protocol;   // what the plane chose
-  std::string transport;  // the UCX transport that carried the bytes
-  std::string error;      // empty when the point ran
+  std::string protocol;          // what the plane chose
+  std::string transport;         // what carried the bytes: a UCX transport, or "memfd" same-host
+  std::string same_host_status;  // this side's plane: TransferPlane::same_host_status()
+  std::string error;             // empty when the point ran
+};
+
+// How both processes' planes and pools are set up (the child gets the same on its command line).
+struct PlaneSetup {
+  bool stage = false;  // both pools through a staging ring (memcpy standing in for CUDA)
+  // Same-host moves on (PlaneOptions::same_host kAuto, pools allocated shareable); off: kOff
+  // and pools as a node without it makes them, so every byte goes through UCX.
+  bool same_host = false;
+  std::size_t copy_threads = 0;  // PlaneOptions::copy_threads (0: the plane's default)
+  gpu::MemoryKind pool = gpu::MemoryKind::kHost;
 };
 
 struct GroupSpec {
@@ -36,7 +50,7 @@ struct GroupSpec {
   std::vector<std::size_t> batches;
   std::vector<bool> ops;  // true: pull
   std::string protocol = "auto";
-  bool stage = false;  // both pools through a staging ring (memcpy standing in for CUDA)
+  PlaneSetup setup;
   std::size_t max_iterations = 100;
   std::chrono::milliseconds budget{1500};  // per point, after at least 3 iterations
 };
@@ -46,6 +60,12 @@ std::vector<PointResult> run_group(const GroupSpec& group);
 
 // The child side: a plane over a pool of `pages` chunks, url written to port_file, serves until
 // SIGTERM.
-int serve(const std::string& port_file, std::size_t chunk_bytes, std::size_t pages, bool stage);
+struct ServeSpec {
+  std::string port_file;
+  std::size_t chunk_bytes = 0;
+  std::size_t pages = 1;
+  PlaneSetup setup;
+};
+int serve(const ServeSpec& spec);
 
 }  // namespace kvnode::bench
