@@ -280,7 +280,7 @@ cmd_bench() {
 cmd_gpu_check() {
   bash "$ROOT/tools/gpu-check.sh"
   echo "== on the GPU machine, the device tool's run:"
-  echo '   {"command": "bash .gpu-check/run.sh", "carry": [".gpu-check"], "timeout_s": 420}'
+  echo '   {"command": "bash .gpu-check/run.sh", "carry": [".gpu-check"], "timeout_s": 600}'
 }
 
 main() {

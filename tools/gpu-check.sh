@@ -9,7 +9,7 @@
 # into .gpu-check/ (../shared/tools/device-bundle.sh; .gpu-check/ goes in .git/info/exclude), and
 # writes .gpu-check/run.sh, what the GPU machine runs through the device tool:
 #
-#   run(command="bash .gpu-check/run.sh", carry=[".gpu-check"], timeout_s=420)
+#   run(command="bash .gpu-check/run.sh", carry=[".gpu-check"], timeout_s=600)
 #
 # run.sh's header says what it runs and how it makes the build machine's compiled-in paths valid
 # there. Run here, run.sh must not crash either: the GPU steps say SKIPPED or FAIL and the host
@@ -46,6 +46,8 @@ mkdir -p "$(dirname "$exclude")"
 grep -qxF "/$BUNDLE/" "$exclude" 2>/dev/null || echo "/$BUNDLE/" >>"$exclude"
 bins=()
 for t in "${TARGETS[@]}"; do bins+=("build/bin/$t"); done
+# ucx_perftest: kvbench transfer's ceiling for the UCX paths, measured there in the same run.
+command -v ucx_perftest >/dev/null && bins+=("$(command -v ucx_perftest)")
 bash "$BUNDLER" "$BUNDLE" "${bins[@]}" >/dev/null
 # The C client library for the Python package's GPU test (it needs only libstdc++).
 cp -L build/client/libkvnode_client.so.0 "$BUNDLE/lib/"
@@ -61,12 +63,15 @@ grep -qF "$BUILD_BIN/kvnode" build/bin/node_test ||
   echo "# Written by tools/gpu-check.sh on $(hostname) at $(date -u +%FT%TZ); do not edit."
   cat <<'HEADER'
 # The GPU check, run on the H200 machine from the repository root through the device tool:
-#   run(command="bash .gpu-check/run.sh", carry=[".gpu-check"], timeout_s=420)
-# Steps, each bounded by `timeout` (about 4.5 minutes in all), each ending in one line
+#   run(command="bash .gpu-check/run.sh", carry=[".gpu-check"], timeout_s=600)
+# Steps, each bounded by `timeout` (about 7 minutes in all), each ending in one line
 # "gpu-check: STEP PASS|FAIL|SKIPPED ...":
 #   nvidia-smi -L; gpu_test (all; the GPU tests skip themselves without a GPU);
 #   node_test --gtest_filter=KvEngineGpu*:DevicePool*; transfer_test (device pools, GPUDirect);
 #   kvbench engine --memory all --json (host, and pinned and device where there is a GPU);
+#   kvbench transfer --json: same-host moves of 64 x 32 MiB between host pools (vs memcpy with as
+#   many threads) and between device pools (vs a device-to-device copy), and UCX shared memory and
+#   tcp pulls of 8 x 32 MiB (vs ucx_perftest), all on that machine's cores;
 #   the Python package with torch CUDA tensors (tests/python/test_gpu.py) where torch is.
 # Logs, the JSON lines and summary.txt go to $OUT when it is set (the device tool brings them
 # back), else to .gpu-check/out/. Exit 0 when no step failed.
@@ -144,7 +149,30 @@ fi
 
 gtest gpu_test '*' 45
 gtest node_test 'KvEngineGpu*:DevicePool*' 75
-gtest transfer_test '*DevicePool*:PlanePoolPath*:UcxMemoryTypes*' 30
+gtest transfer_test '*DevicePool*:PlanePoolPath*:UcxMemoryTypes*:SameHost*:*TwoProcesses*' 60
+gtest node_test '*same_host*:SameHost*' 90
+
+# Same-host and UCX transfer figures (issue 23's targets), one JSON line per point.
+t0=$SECONDS
+rc=0
+: >"$LOGS/kvbench_transfer.json"
+for point in "--same-host --pool host --chunk-bytes 33554432 --batch 64 --op push" \
+  "--same-host --pool device --chunk-bytes 33554432 --batch 64 --op push" \
+  "--same-host --pool device --chunk-bytes 33554432 --batch 64 --op pull" \
+  "--tls default --chunk-bytes 33554432 --batch 8 --op pull" \
+  "--tls tcp --chunk-bytes 33554432 --batch 8 --op pull"; do
+  # shellcheck disable=SC2086
+  timeout -k 10 90 "$HERE/bin/kvbench" transfer $point --iters 20 --json \
+    >>"$LOGS/kvbench_transfer.json" 2>>"$LOGS/kvbench_transfer.log" || rc=$?
+done
+cat "$LOGS/kvbench_transfer.json"
+if [[ $rc -eq 0 ]]; then
+  say "kvbench_transfer PASS ($(grep -c '"op"' "$LOGS/kvbench_transfer.json") points) $((SECONDS - t0))s"
+else
+  FAILED=$((FAILED + 1))
+  say "kvbench_transfer FAIL (exit $rc; log kvbench_transfer.log) $((SECONDS - t0))s"
+  tail -n 20 "$LOGS/kvbench_transfer.log" | sed 's/^/    | /'
+fi
 
 t0=$SECONDS
 timeout -k 10 120 "$HERE/bin/kvbench" engine --memory all --json >"$LOGS/kvbench_engine.json" \

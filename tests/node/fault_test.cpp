@@ -7,7 +7,8 @@
 //   through heartbeats and full syncs, and its index holds every chunk again, nothing more;
 // - a kvnode process's REP port gets garbage, msgpack of the wrong shape, truncated and hostile
 //   messages: each gets an ErrorMsg (or LMCache's reply), and the node keeps serving.
-// Over tcp and over UCX's default same-host transports (shared memory, cma) where data moves.
+// Over tcp, over UCX's default same-host transports (shared memory, cma), and same-host (the
+// source maps the destination's pool and copies) where data moves.
 #include <signal.h>
 #include <unistd.h>
 
@@ -52,21 +53,6 @@ Json get_json(int port, const std::string& path) {
   return Json::parse(r->body, nullptr, false);
 }
 
-// The value of the Prometheus sample `name` (labels included, as written) in `text`; -1: absent.
-double sample(const std::string& text, const std::string& name) {
-  std::size_t at = 0;
-  while (at < text.size()) {
-    std::size_t end = text.find('\n', at);
-    if (end == std::string::npos) end = text.size();
-    const std::string_view line(text.data() + at, end - at);
-    if (line.size() > name.size() && line.substr(0, name.size()) == name &&
-        line[name.size()] == ' ')
-      return std::stod(std::string(line.substr(name.size() + 1)));
-    at = end + 1;
-  }
-  return -1;
-}
-
 std::vector<std::int64_t> token_range(std::size_t chunks, std::int64_t first) {
   std::vector<std::int64_t> t(chunks * 256);
   std::iota(t.begin(), t.end(), first);
@@ -103,8 +89,10 @@ std::size_t confirmed_chunks(const Json& reply) {
 // A kvnode process on fixed ports, so a restart comes back at the same addresses.
 class KvnodeProcess {
  public:
+  // `same_host`: --same-host auto (its pool mapped by same-host peers, theirs by it); else off,
+  // so UCX (`tls`, or UCX's default) carries every move.
   KvnodeProcess(const std::string& instance, const controller::BoundPorts& ctl, const char* tls,
-                double gigabytes)
+                double gigabytes, bool same_host = false)
       : instance_(instance),
         ports_(free_ports(3)),
         worker_port_(ports_[0]),
@@ -130,7 +118,9 @@ class KvnodeProcess {
              "--heartbeat-time",
              "0.2",
              "--log-level",
-             "warn"};
+             "warn",
+             "--same-host",
+             same_host ? "auto" : "off"};
     if (tls) argv_.insert(argv_.end(), {"--ucx-tls", tls, "--ucx-net-devices", "lo"});
   }
   // A clean stop: the node de-registers and releases what it named after itself (its local
@@ -163,13 +153,7 @@ class KvnodeProcess {
     return eventually([&] { return !process_->running(); });
   }
   std::string log() const { return process_ ? process_->output() : std::string(); }
-  double metric(const std::string& name) {
-    httplib::Client http("127.0.0.1", http_port_);
-    http.set_connection_timeout(2s);
-    http.set_read_timeout(10s);
-    auto r = http.Get("/metrics");
-    return r && r->status == 200 ? sample(r->body, name) : -1;
-  }
+  double metric(const std::string& name) { return node_metric(http_port_, name); }
   const std::string& instance() const { return instance_; }
   int worker_port() const { return worker_port_; }
   std::string peer_init_url() const { return loopback(p2p_port_); }
@@ -192,10 +176,11 @@ std::string unique_instance(const std::string& base) {
 
 enum class Kill { kBeforeTheMove, kWhileItRuns };
 
-class FaultMove : public ::testing::TestWithParam<std::tuple<const char*, Kill>> {};
+class FaultMove : public ::testing::TestWithParam<std::tuple<Transport, Kill>> {};
 
 TEST_P(FaultMove, ADeadDestinationLosesNoUnconfirmedChunkAndComesBackOnTheSamePorts) {
-  const char* tls = std::get<0>(GetParam());
+  const Transport& transport = std::get<0>(GetParam());
+  const char* tls = transport.tls;
   const Kill when = std::get<1>(GetParam());
   // A fast reaper: a worker silent for 3 s goes (the nodes here heartbeat every 0.1-0.2 s).
   auto ctl = start_controller([](controller::ControllerConfig& c) {
@@ -205,11 +190,12 @@ TEST_P(FaultMove, ADeadDestinationLosesNoUnconfirmedChunkAndComesBackOnTheSamePo
   const int http = ctl->ports().http;
   // Enough chunks for several of the move's batches (256 chunks each), so a kill lands mid-move.
   const std::size_t n = when == Kill::kWhileItRuns ? 8 * PeerMoves::kBatch : 2 * PeerMoves::kBatch;
-  NodeOptions big;
+  NodeOptions big = TwoNodes::options(transport);
   big.pages = n + 64;
   Node a(ctl->ports(), unique_instance("fault-A"), tls, big);
   ASSERT_TRUE(eventually([&] { return a.settled(); }));
-  KvnodeProcess b(unique_instance("fault-B"), ctl->ports(), tls, 0.15);  // 2288 chunks of 64 KiB
+  KvnodeProcess b(unique_instance("fault-B"), ctl->ports(), tls, 0.15,
+                  transport.same_host);  // 2288 chunks of 64 KiB
   b.start();
   ASSERT_TRUE(b.ready()) << b.log();
 
@@ -222,6 +208,10 @@ TEST_P(FaultMove, ADeadDestinationLosesNoUnconfirmedChunkAndComesBackOnTheSamePo
   ASSERT_TRUE(eventually([&] {
     return post_json(http, "/lookup", Json{{"tokens", warm}})["layout_info"].contains(b.instance());
   }));
+  // Same-host: A's moves to B copy through its mapping of B's pool from here on.
+  if (transport.same_host) {
+    ASSERT_TRUE(map_peer(a, b.peer_init_url(), 1'100'000)) << "A never mapped B's pool" << b.log();
+  }
 
   const std::vector<std::int64_t> tokens = token_range(n, 2'000'000);
   const std::vector<ChunkHash> hashes = a.engine().hashes(tokens).value();
@@ -232,6 +222,7 @@ TEST_P(FaultMove, ADeadDestinationLosesNoUnconfirmedChunkAndComesBackOnTheSamePo
   std::future<Json> move;
   Clock::time_point killed_at;
   const std::uint64_t pushed_before = a.plane().counters().bytes_pushed;
+  const std::uint64_t mapped_before = a.plane().counters().bytes_same_host;
   if (when == Kill::kBeforeTheMove) {
     ASSERT_TRUE(b.kill());
     killed_at = Clock::now();
@@ -266,9 +257,16 @@ TEST_P(FaultMove, ADeadDestinationLosesNoUnconfirmedChunkAndComesBackOnTheSamePo
       std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - killed_at);
   const Json moved = move.get();
   const std::size_t confirmed = confirmed_chunks(moved);
-  std::cout << "[ fault    ] " << (tls ? tls : "shm") << ": the move answered "
-            << answered_in.count() << " ms after the kill: " << moved.dump().substr(0, 300)
-            << "; confirmed " << confirmed << " of " << n << " chunks\n";
+  if (transport.same_host && when == Kill::kWhileItRuns) {
+    EXPECT_GE(a.plane().counters().bytes_same_host - mapped_before,
+              2 * PeerMoves::kBatch * kChunkBytes)
+        << "the batches before the kill were copied through the mapped pool";
+  } else if (!transport.same_host) {
+    EXPECT_EQ(a.plane().counters().bytes_same_host, 0u) << "UCX carried every byte";
+  }
+  std::cout << "[ fault    ] " << transport.name << ": the move answered " << answered_in.count()
+            << " ms after the kill: " << moved.dump().substr(0, 300) << "; confirmed " << confirmed
+            << " of " << n << " chunks\n";
   EXPECT_LT(answered_in, 20s) << "bounded: a dead peer is noticed, not waited out";
   if (moved.contains("num_tokens")) {
     EXPECT_EQ(moved["num_tokens"].get<std::size_t>() % 256, 0u) << moved.dump();
@@ -315,6 +313,15 @@ TEST_P(FaultMove, ADeadDestinationLosesNoUnconfirmedChunkAndComesBackOnTheSamePo
   // B again, same instance and ports: it registers, and a new move to it carries every byte.
   b.start();
   ASSERT_TRUE(b.ready()) << b.log();
+  EXPECT_EQ(b.metric("kvnode_chunks{location=\"LocalCPUBackend\"}"), 0)
+      << "a restarted node starts empty";
+  // Same-host: A maps the restarted B's pool (a new one), never the dead B's, and copies the new
+  // move through it; the round trip below shows the bytes landed in the new B.
+  const std::uint64_t mapped_before_restart = a.plane().counters().bytes_same_host;
+  if (transport.same_host) {
+    ASSERT_TRUE(map_peer(a, b.peer_init_url(), 4'000'000)) << "A never mapped the new B's pool";
+  }
+  const double warm_chunks_at_b = b.metric("kvnode_chunks{location=\"LocalCPUBackend\"}");
   const Json info =
       get_json(http, "/controller/workers?instance_id=" + b.instance() + "&worker_id=0");
   EXPECT_EQ(info.value("peer_init_url", ""), b.peer_init_url()) << info.dump();
@@ -325,8 +332,11 @@ TEST_P(FaultMove, ADeadDestinationLosesNoUnconfirmedChunkAndComesBackOnTheSamePo
   r = post_json(http, "/move", move_body(a.instance(), b.instance(), fresh, false));
   ASSERT_EQ(r.value("num_tokens", -1), 16 * 256) << r.dump() << b.log();
   for (ChunkHash h : fresh_hashes) EXPECT_FALSE(a.store().contains(h));
-  EXPECT_EQ(b.metric("kvnode_chunks{location=\"LocalCPUBackend\"}"), 16)
-      << "a restarted node starts empty";
+  EXPECT_EQ(b.metric("kvnode_chunks{location=\"LocalCPUBackend\"}"), warm_chunks_at_b + 16);
+  if (transport.same_host) {
+    EXPECT_GE(a.plane().counters().bytes_same_host - mapped_before_restart, 16 * kChunkBytes)
+        << "the move to the restarted B went through its mapped pool";
+  }
   // Back to A (a copy): the bytes went through B's memory intact.
   r = post_json(http, "/move", move_body(b.instance(), a.instance(), fresh, true));
   ASSERT_EQ(r.value("num_tokens", -1), 16 * 256) << r.dump() << b.log();
@@ -343,11 +353,11 @@ TEST_P(FaultMove, ADeadDestinationLosesNoUnconfirmedChunkAndComesBackOnTheSamePo
 }
 
 INSTANTIATE_TEST_SUITE_P(Fault, FaultMove,
-                         ::testing::Combine(::testing::Values("tcp", nullptr),
+                         ::testing::Combine(::testing::Values(kTcp, kShm, kSameHost),
                                             ::testing::Values(Kill::kBeforeTheMove,
                                                               Kill::kWhileItRuns)),
                          [](const auto& info) {
-                           return std::string(std::get<0>(info.param) ? "tcp" : "shm") +
+                           return std::string(std::get<0>(info.param).name) +
                                   (std::get<1>(info.param) == Kill::kBeforeTheMove
                                        ? "_KilledBeforeTheMove"
                                        : "_KilledWhileItRuns");

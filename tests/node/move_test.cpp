@@ -1,7 +1,7 @@
 // Cross-node moves and P2P retrieval end to end, in one process with real sockets: a controller
 // and two nodes (node_rig.hpp). The orchestrator's HTTP /move (and kvctl, as a process) drives
-// it; lookups through the controller and the destination's bytes check it. Over tcp and over
-// UCX's default transports (shared memory).
+// it; lookups through the controller and the destination's bytes check it. Over tcp, over UCX's
+// default transports (shared memory), and same-host (each node maps its peer's pool).
 #include <future>
 
 #include "node_rig.hpp"
@@ -12,7 +12,7 @@ namespace {
 
 using namespace rig;
 
-class Moves : public ::testing::TestWithParam<const char*> {};
+class Moves : public ::testing::TestWithParam<Transport> {};
 
 TEST_P(Moves, AMoveCarriesEveryByteAndOnlyConfirmedChunksLeaveTheSource) {
   TwoNodes rig(GetParam());
@@ -20,6 +20,8 @@ TEST_P(Moves, AMoveCarriesEveryByteAndOnlyConfirmedChunksLeaveTheSource) {
   auto& ctl = rig.ctl;
   Node& a = rig.a;
   Node& b = rig.b;
+  const MappedPath a_to_b(a, b, GetParam(), 9'000'000), b_to_a(b, a, GetParam(), 9'500'000);
+  ASSERT_TRUE(a_to_b.ready() && b_to_a.ready()) << "the nodes never mapped each other's pools";
 
   httplib::Client http("127.0.0.1", ctl->ports().http);
   http.set_read_timeout(30s);
@@ -43,6 +45,7 @@ TEST_P(Moves, AMoveCarriesEveryByteAndOnlyConfirmedChunksLeaveTheSource) {
                                         {"new_position", {"inst-B", kCpu}},
                                         {"tokens", tokens}});  // should_copy defaults to false
   EXPECT_EQ(moved["num_tokens"], 2048) << moved.dump();
+  a_to_b.expect_copied(7 * kChunkBytes);  // chunk 3 stayed
   std::vector<std::byte> out(kChunkBytes);
   for (ChunkHash h : hashes) {
     ASSERT_EQ(b.engine().get(h, out).value(), kChunkBytes);
@@ -60,6 +63,7 @@ TEST_P(Moves, AMoveCarriesEveryByteAndOnlyConfirmedChunksLeaveTheSource) {
                                          {"tokens", tokens},
                                          {"should_copy", true}});
   EXPECT_EQ(copied["num_tokens"], 2048) << copied.dump();
+  b_to_a.expect_copied(8 * kChunkBytes);
   EXPECT_EQ(a.store().counters().chunks, 8u);
   EXPECT_EQ(b.store().counters().chunks, 8u);
   for (ChunkHash h : hashes) {
@@ -74,6 +78,8 @@ TEST_P(Moves, ADestinationWithoutRoomTakesWhatFitsAndTheSourceKeepsTheRest) {
   auto& ctl = rig.ctl;
   Node& a = rig.a;
   Node& b = rig.b;
+  const MappedPath a_to_b(a, b, GetParam(), 9'000'000);
+  ASSERT_TRUE(a_to_b.ready()) << "A never mapped B's pool";
   // B: 28 of its 32 pages hold pinned chunks, so only 4 can be reserved.
   std::vector<ChunkHash> pinned;
   for (ChunkHash h = 1; h <= 28; ++h) {
@@ -96,6 +102,7 @@ TEST_P(Moves, ADestinationWithoutRoomTakesWhatFitsAndTheSourceKeepsTheRest) {
                      "application/json");
   ASSERT_TRUE(r && r->status == 200) << (r ? r->body : "no reply");
   EXPECT_EQ(Json::parse(r->body)["num_tokens"], 1024) << "the 4 chunks B could take";
+  a_to_b.expect_copied(4 * kChunkBytes);
   for (std::size_t i = 0; i < hashes.size(); ++i) {
     EXPECT_EQ(a.store().contains(hashes[i]), i >= 4)
         << "A keeps exactly what B did not confirm: " << i;
@@ -113,6 +120,8 @@ TEST_P(Moves, AFullSyncAtEitherEndChangesNothingTheSyncDoesNotReport) {
   ASSERT_TRUE(rig.synced());
   Node& a = rig.a;
   Node& b = rig.b;
+  const MappedPath a_to_b(a, b, GetParam(), 9'000'000), b_to_a(b, a, GetParam(), 9'500'000);
+  ASSERT_TRUE(a_to_b.ready() && b_to_a.ready()) << "the nodes never mapped each other's pools";
   httplib::Client http("127.0.0.1", rig.ctl->ports().http);
   http.set_read_timeout(60s);
   auto move = [&](const char* from, const char* to, const std::vector<std::int64_t>& tokens) {
@@ -138,6 +147,7 @@ TEST_P(Moves, AFullSyncAtEitherEndChangesNothingTheSyncDoesNotReport) {
   EXPECT_EQ(moving.get()["num_tokens"], 2048);
   EXPECT_EQ(b.store().counters().chunks, 8u);
   EXPECT_EQ(a.store().counters().chunks, 0u);
+  a_to_b.expect_copied(8 * kChunkBytes);
 
   // A sync that begins between reserve and finish: the finish answers kFrozen and the reserved
   // page goes back.
@@ -161,6 +171,7 @@ TEST_P(Moves, AFullSyncAtEitherEndChangesNothingTheSyncDoesNotReport) {
   b.engine().freeze(false);
   EXPECT_EQ(a.store().counters().chunks, 8u);
   EXPECT_EQ(b.store().counters().chunks, 0u) << "the move's evictions, once the sync ended";
+  b_to_a.expect_copied(8 * kChunkBytes);
   const Json lookup{{"tokens", tokens}};
   auto holders = [&] {
     auto r = http.Post("/lookup", lookup.dump(), "application/json");
@@ -176,14 +187,16 @@ TEST_P(Moves, AFullSyncAtEitherEndChangesNothingTheSyncDoesNotReport) {
 // still holds before it evicts anything, so no chunk ends up nowhere.
 TEST_P(Moves, ChunksTheDestinationEvictsMidMoveStayAtTheSource) {
   auto ctl = start_controller();
-  NodeOptions oa;
+  NodeOptions oa = TwoNodes::options(GetParam());
   oa.pages = 420;
   oa.page_bytes = 4096;
   NodeOptions ob = oa;
   ob.pages = 300;
-  Node a(ctl->ports(), "inst-A", GetParam(), oa);
-  Node b(ctl->ports(), "inst-B", GetParam(), ob);
+  Node a(ctl->ports(), "inst-A", GetParam().tls, oa);
+  Node b(ctl->ports(), "inst-B", GetParam().tls, ob);
   ASSERT_TRUE(eventually([&] { return a.settled() && b.settled(); }));
+  const MappedPath a_to_b(a, b, GetParam(), 9'000'000);
+  ASSERT_TRUE(a_to_b.ready()) << "A never mapped B's pool";
   std::vector<std::int64_t> tokens(400 * 256);
   std::iota(tokens.begin(), tokens.end(), 500000);
   const std::vector<ChunkHash> hashes = a.engine().hashes(tokens).value();
@@ -205,6 +218,7 @@ TEST_P(Moves, ChunksTheDestinationEvictsMidMoveStayAtTheSource) {
   EXPECT_EQ(nowhere, 0u) << "chunks the move lost";
   EXPECT_LT(b.store().counters().chunks, hashes.size())
       << "B cannot hold them all: the case under test";
+  a_to_b.expect_copied(b.store().counters().chunks * 4096);  // B's chunks all came from A
 }
 
 TEST_P(Moves, ALocalMissIsPulledFromThePeerTheControllerNames) {
@@ -212,6 +226,8 @@ TEST_P(Moves, ALocalMissIsPulledFromThePeerTheControllerNames) {
   ASSERT_TRUE(rig.synced());
   Node& a = rig.a;
   Node& b = rig.b;
+  const MappedPath b_from_a(b, a, GetParam(), 9'000'000);  // B dials A: B maps A's pool
+  ASSERT_TRUE(b_from_a.ready()) << "B never mapped A's pool";
   std::vector<std::int64_t> tokens(8 * 256);
   std::iota(tokens.begin(), tokens.end(), 7000);
   const std::vector<ChunkHash> hashes = a.engine().hashes(tokens).value();
@@ -230,6 +246,7 @@ TEST_P(Moves, ALocalMissIsPulledFromThePeerTheControllerNames) {
   EXPECT_EQ(r.chunks_local, 1u);
   EXPECT_EQ(r.chunks_pulled, 5u);
   EXPECT_EQ(r.tokens, 6u * 256);
+  b_from_a.expect_copied(5 * kChunkBytes);
   std::vector<std::byte> out(kChunkBytes);
   for (std::size_t i = 0; i < 6; ++i) {
     ASSERT_EQ(b.engine().get(hashes[i], out).value(), kChunkBytes);
@@ -242,8 +259,8 @@ TEST_P(Moves, ALocalMissIsPulledFromThePeerTheControllerNames) {
   EXPECT_EQ(again.chunks_pulled, 0u) << "nobody holds more than B now";
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, Moves, ::testing::Values("tcp", nullptr),
-                         [](const auto& info) { return std::string(info.param ? "tcp" : "shm"); });
+INSTANTIATE_TEST_SUITE_P(Transports, Moves, ::testing::Values(kTcp, kShm, kSameHost),
+                         transport_name);
 
 }  // namespace
 }  // namespace kvnode::node

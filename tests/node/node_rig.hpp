@@ -16,8 +16,10 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <ostream>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -101,6 +103,30 @@ inline int free_port() {
   return free_ports(1)[0];
 }
 
+// The value of the Prometheus sample `name` (labels included, as written) in `text`; -1: absent.
+inline double prometheus_sample(const std::string& text, const std::string& name) {
+  std::size_t at = 0;
+  while (at < text.size()) {
+    std::size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    const std::string_view line(text.data() + at, end - at);
+    if (line.size() > name.size() && line.substr(0, name.size()) == name &&
+        line[name.size()] == ' ')
+      return std::stod(std::string(line.substr(name.size() + 1)));
+    at = end + 1;
+  }
+  return -1;
+}
+
+// The sample `name` of a kvnode's /metrics at `http_port` on loopback; -1: absent or no answer.
+inline double node_metric(int http_port, const std::string& name) {
+  httplib::Client http("127.0.0.1", http_port);
+  http.set_connection_timeout(2s);
+  http.set_read_timeout(10s);
+  auto r = http.Get("/metrics");
+  return r && r->status == 200 ? prometheus_sample(r->body, name) : -1;
+}
+
 // `adjust` may change the config first (e.g. a fast reaper).
 inline std::unique_ptr<controller::Controller> start_controller(
     const std::function<void(controller::ControllerConfig&)>& adjust = nullptr) {
@@ -120,7 +146,29 @@ struct NodeOptions {
   std::size_t page_bytes = kChunkBytes;
   std::chrono::milliseconds heartbeat_period{100};
   std::chrono::milliseconds request_timeout{5000};
+  // Same-host moves: the pool is a memfd offered to peers on this host, and the plane maps
+  // theirs (kvnode's --same-host auto); off, every move goes through UCX.
+  bool same_host = false;
+  std::chrono::milliseconds peer_ttl{60'000};  // PeerServiceOptions::ttl
 };
+
+// The transports the parametrised node tests run over: UCX over tcp, UCX's default same-host
+// transports (shared memory, cma), and same-host moves (the dialling node maps its peer's pool
+// and copies; UCX, its default, carries the asks and what goes before the mapping is made).
+struct Transport {
+  const char* name;
+  const char* tls;  // UCX_TLS; nullptr: UCX's default
+  bool same_host;
+};
+inline constexpr Transport kTcp{"tcp", "tcp", false};
+inline constexpr Transport kShm{"shm", nullptr, false};
+inline constexpr Transport kSameHost{"same_host", nullptr, true};
+inline std::string transport_name(const ::testing::TestParamInfo<Transport>& info) {
+  return info.param.name;
+}
+inline void PrintTo(const Transport& t, std::ostream* os) {
+  *os << t.name;
+}
 
 // One node: what the kvnode daemon assembles, minus the daemon.
 class Node {
@@ -139,8 +187,8 @@ class Node {
                              e.hash);
                }),
         engine_(store_),
-        peers_(engine_),
-        plane_(start_plane(tls, pool_, peers_)),
+        peers_(engine_, peer_options(options)),
+        plane_(start_plane(tls, options.same_host, pool_, peers_)),
         moves_(engine_, *plane_),
         control_(engine_, &moves_) {
     agent::AgentOptions o;
@@ -188,15 +236,23 @@ class Node {
   std::string url() const { return plane_->url(); }  // its peer_init_url
   const std::string& instance() const { return instance_; }
   std::int64_t worker_id() const { return options_.worker_id; }
+  std::size_t page_bytes() const { return options_.page_bytes; }
 
  private:
-  static std::unique_ptr<transfer::TransferPlane> start_plane(const char* tls, gpu::ChunkPool& pool,
+  static PeerServiceOptions peer_options(const NodeOptions& n) {
+    PeerServiceOptions o;
+    o.ttl = n.peer_ttl;
+    return o;
+  }
+  static std::unique_ptr<transfer::TransferPlane> start_plane(const char* tls, bool same_host,
+                                                              gpu::ChunkPool& pool,
                                                               PeerService& peers) {
     transfer::PlaneOptions po;
     if (tls) {
       po.tls = tls;
       po.net_devices = "lo";
     }
+    po.same_host = same_host ? transfer::SameHost::kAuto : transfer::SameHost::kOff;
     po.on_ask = [&peers](const std::string& peer, const std::vector<std::byte>& r) {
       return peers.on_ask(peer, r);
     };
@@ -206,6 +262,7 @@ class Node {
     gpu::PoolOptions o;
     o.page_bytes = n.page_bytes;
     o.pages = n.pages;
+    o.region.shareable = n.same_host;
     return std::move(gpu::ChunkPool::create(o)).value();
   }
   std::string instance_;
@@ -221,11 +278,73 @@ class Node {
   std::unique_ptr<agent::WorkerAgent> agent_;
 };
 
+// Same-host moves map the peer's pool asynchronously once the dialling node's first session with
+// it opens, so a move is copied through the mapping only some time after the first. Moves fresh
+// chunks (tokens from `first_token`, one chunk at a time) from `from` to the node at `to_url`
+// until one was copied through `from`'s mapping of its pool: from then on `from`'s moves to it and
+// pulls from it take that path. `drop` removes each chunk at the destination again (unset: they
+// stay there). False after 15 s.
+inline bool map_peer(Node& from, const std::string& to_url, std::int64_t first_token,
+                     const std::function<void(ChunkHash)>& drop = nullptr) {
+  const std::uint64_t before = from.plane().counters().bytes_same_host;
+  return eventually([&] {
+    std::vector<std::int64_t> tokens(256);
+    std::iota(tokens.begin(), tokens.end(), first_token);
+    first_token += 256;
+    const ChunkHash h = from.engine().hashes(tokens).value().at(0);
+    if (!from.engine().put(h, chunk_bytes(h, from.page_bytes()))) return false;
+    const MoveResult moved = from.moves().move(to_url, tokens, false);
+    if (drop) drop(h);
+    from.store().remove(h);  // when the move failed
+    return moved.chunks_sent == 1 && from.plane().counters().bytes_same_host > before;
+  });
+}
+inline bool map_peer(Node& from, Node& to, std::int64_t first_token) {
+  return map_peer(from, to.url(), first_token, [&to](ChunkHash h) { to.store().remove(h); });
+}
+
+// Which path `from`'s transfers with `to` take, for a test over a Transport: same-host, `from`
+// maps `to`'s pool first (map_peer) and expect_copied() checks that the test's transfers were
+// copied through that mapping; otherwise it checks that nothing was (UCX carried every byte).
+class MappedPath {
+ public:
+  MappedPath(Node& from, Node& to, const Transport& t, std::int64_t warm_up_tokens)
+      : from_(from), same_host_(t.same_host) {
+    mapped_ = !same_host_ || map_peer(from, to, warm_up_tokens);
+    before_ = from.plane().counters().bytes_same_host;
+  }
+  bool ready() const { return mapped_; }
+  // Bytes `from` copied through mapped pools since the warm-up.
+  std::uint64_t copied() const { return from_.plane().counters().bytes_same_host - before_; }
+  void expect_copied(std::uint64_t at_least) const {
+    if (same_host_) {
+      EXPECT_GE(copied(), at_least) << "the same-host path carried the transfers";
+    } else {
+      EXPECT_EQ(from_.plane().counters().bytes_same_host, 0u) << "UCX carried every byte";
+    }
+  }
+
+ private:
+  Node& from_;
+  bool same_host_;
+  bool mapped_ = false;
+  std::uint64_t before_ = 0;
+};
+
 // A controller and two nodes, A and B; synced(): both settled (through the full sync the
 // controller asked them for, if any: a node frozen in one refuses chunks).
 struct TwoNodes {
   explicit TwoNodes(const char* tls)
       : ctl(start_controller()), a(ctl->ports(), "inst-A", tls), b(ctl->ports(), "inst-B", tls) {}
+  explicit TwoNodes(const Transport& t)
+      : ctl(start_controller()),
+        a(ctl->ports(), "inst-A", t.tls, options(t)),
+        b(ctl->ports(), "inst-B", t.tls, options(t)) {}
+  static NodeOptions options(const Transport& t) {
+    NodeOptions o;
+    o.same_host = t.same_host;
+    return o;
+  }
   bool synced() {
     return eventually([&] { return a.settled() && b.settled(); });
   }

@@ -3,7 +3,8 @@
 // chunk (bytes of its own here, so a copy tells which rank it came from). Rank r deals only with
 // rank r of another instance: the controller's P2P lookup from B rank r names A rank r, retrieval
 // pulls A rank r's bytes (never the other rank's), and an orchestrator move A->B carries rank r's
-// chunks to B rank r. Over tcp and over UCX's default same-host transports.
+// chunks to B rank r. Over tcp, over UCX's default same-host transports, and same-host (rank r
+// maps rank r's pool).
 #include "node_rig.hpp"
 
 namespace kvnode::node {
@@ -23,20 +24,27 @@ Json post_json(int port, const std::string& path, const Json& body) {
   return Json::parse(r->body, nullptr, false);
 }
 
-class TpRanksTest : public ::testing::TestWithParam<const char*> {};
+class TpRanksTest : public ::testing::TestWithParam<Transport> {};
 
 TEST_P(TpRanksTest, RankRLooksUpPullsAndMovesOnlyWithRankR) {
   auto ctl = start_controller();
   const int http = ctl->ports().http;
   auto rank = [&](const std::string& instance, std::int64_t r) {
-    NodeOptions o;
+    NodeOptions o = TwoNodes::options(GetParam());
     o.worker_id = r;
-    return std::make_unique<Node>(ctl->ports(), instance, GetParam(), o);
+    return std::make_unique<Node>(ctl->ports(), instance, GetParam().tls, o);
   };
   const std::unique_ptr<Node> a[2] = {rank("inst-A", 0), rank("inst-A", 1)};
   const std::unique_ptr<Node> b[2] = {rank("inst-B", 0), rank("inst-B", 1)};
   ASSERT_TRUE(eventually(
       [&] { return a[0]->settled() && a[1]->settled() && b[0]->settled() && b[1]->settled(); }));
+  // B rank r pulls from A rank r (B dials, so B maps A's pool); A rank r moves to B rank r.
+  const MappedPath pulls[2] = {MappedPath(*b[0], *a[0], GetParam(), 9'000'000),
+                               MappedPath(*b[1], *a[1], GetParam(), 9'100'000)};
+  const MappedPath pushes[2] = {MappedPath(*a[0], *b[0], GetParam(), 9'200'000),
+                                MappedPath(*a[1], *b[1], GetParam(), 9'300'000)};
+  for (std::int64_t r : {0, 1})
+    ASSERT_TRUE(pulls[r].ready() && pushes[r].ready()) << "rank " << r << " mapped no pool";
   std::vector<std::byte> out(kChunkBytes);
   auto holds_shard = [&](Node& n, ChunkHash h, std::int64_t r) {
     if (!n.store().contains(h)) return false;
@@ -76,6 +84,7 @@ TEST_P(TpRanksTest, RankRLooksUpPullsAndMovesOnlyWithRankR) {
     EXPECT_EQ(got.chunks_local, 0u);
     EXPECT_EQ(got.chunks_pulled, held[r]);
     EXPECT_EQ(got.tokens, held[r] * 256);
+    pulls[r].expect_copied(held[r] * kChunkBytes);
     for (std::size_t i = 0; i < hashes.size(); ++i) {
       if (i < held[r]) {
         EXPECT_TRUE(holds_shard(*b[r], hashes[i], r))
@@ -104,6 +113,7 @@ TEST_P(TpRanksTest, RankRLooksUpPullsAndMovesOnlyWithRankR) {
   const Json moved = move(moved_tokens);
   EXPECT_EQ(moved.value("num_tokens", -1), 2048) << moved.dump();
   for (std::int64_t r : {0, 1}) {
+    pushes[r].expect_copied(8 * kChunkBytes);
     for (ChunkHash h : moved_hashes) {
       EXPECT_TRUE(holds_shard(*b[r], h, r))
           << "B rank " << r << " holds A rank " << r << "'s shard of " << h;
@@ -137,8 +147,8 @@ TEST_P(TpRanksTest, RankRLooksUpPullsAndMovesOnlyWithRankR) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(TpRanks, TpRanksTest, ::testing::Values("tcp", nullptr),
-                         [](const auto& info) { return std::string(info.param ? "tcp" : "shm"); });
+INSTANTIATE_TEST_SUITE_P(TpRanks, TpRanksTest, ::testing::Values(kTcp, kShm, kSameHost),
+                         transport_name);
 
 }  // namespace
 }  // namespace kvnode::node

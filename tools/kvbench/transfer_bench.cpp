@@ -1,6 +1,7 @@
 #include "transfer_bench.hpp"
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -216,6 +217,10 @@ int serve(const ServeSpec& spec) {
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);  // before the plane's thread starts
+  // A kvbench killed mid-run (Ctrl-C, a timeout) takes its serving child along.
+  const pid_t parent = getppid();
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (getppid() != parent) return 0;
   transfer::PlaneOptions options;
   apply(spec.setup, options);
   auto plane = transfer::TransferPlane::start(options, *pool);
