@@ -28,14 +28,18 @@ Error os_error(const std::string& what) {
 // Faults every page of another process's memory in now, not inside the first copies. The
 // fallback touches each page with an atomic no-op write: the exporter may be writing the same
 // bytes, and a plain read-then-write could undo its store.
-void populate(std::byte* p, std::size_t bytes) {
+// Touching is only for kernels without MADV_POPULATE_WRITE (EINVAL): any other failure (no
+// memory, a poisoned page) would fault in the touch too, so it fails the import instead.
+Status populate(std::byte* p, std::size_t bytes) {
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
 #endif
-  if (madvise(p, bytes, MADV_POPULATE_WRITE) == 0) return;
+  if (madvise(p, bytes, MADV_POPULATE_WRITE) == 0) return {};
+  if (errno != EINVAL) return os_error("faulting in the mapped region");
   for (std::size_t at = 0; at < bytes; at += kSmallPage)
     std::atomic_ref<unsigned char>(reinterpret_cast<unsigned char&>(p[at]))
         .fetch_or(0, std::memory_order_relaxed);
+  return {};
 }
 
 // The host kinds' checks: a memfd at least as large as the mapping asked for, which holds the
@@ -46,6 +50,12 @@ Status check_host_export(const RegionExport& what) {
     return make_error(ErrorCode::kInvalid, "an export of " + std::to_string(what.bytes) +
                                                " bytes in a mapping of " +
                                                std::to_string(what.mapped));
+  // Sealed against shrinking first (which also means a memfd, no other file), then sized: a
+  // file the exporter could still truncate would fault our copies (SIGBUS) later.
+  const int seals = fcntl(what.fd.get(), F_GET_SEALS);
+  if (seals < 0 || !(seals & F_SEAL_SHRINK))
+    return make_error(ErrorCode::kInvalid,
+                      "the exported descriptor is not a memfd sealed against shrinking");
   struct stat st {};
   if (fstat(what.fd.get(), &st) != 0)
     return make_error(ErrorCode::kInvalid,
@@ -83,6 +93,10 @@ Result<RegionExport> export_region(const MemoryRegion& region) {
   if (region.kind() == MemoryKind::kDevice) {
     Result<DeviceExport> e = export_device_memory(region.data());
     if (!e) return wrap_error("export of a device region: ", std::move(e).error());
+    // The importer takes the handle's base for the region's first byte.
+    if (e->offset != 0)
+      return make_error(ErrorCode::kInvalid,
+                        "a device region that does not start its allocation cannot be exported");
     out.ipc = e->handle;
     out.device = region.device();
     return out;
@@ -130,7 +144,8 @@ Result<MappedRegion> MappedRegion::import(RegionExport what, const ImportOptions
   // Best effort: the pages are the exporter's, huge or not as its kernel gave them; the advice
   // lets khugepaged collapse this mapping's view where shmem allows.
   (void)madvise(p, what.mapped, MADV_HUGEPAGE);
-  if (options.populate) populate(state->host, what.mapped);
+  if (options.populate)
+    if (Status s = populate(state->host, what.mapped); !s) return s.error();
   if (options.register_with_cuda && options.device >= 0) {
     Result<HostRegistration> r =
         HostRegistration::register_memory(state->host, what.mapped, options.device);

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <spawn.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -291,6 +292,16 @@ TEST(RegionShare, ImportRefusesMalformedExports) {
         e.fd.reset(p[0]);
       },
       "a pipe for a memfd");
+  // An unsealed memfd of the right size: its exporter could shrink it under our mapping.
+  expect_invalid(
+      export_region(*region),
+      [](RegionExport& e) {
+        UniqueFd unsealed(::memfd_create("unsealed", MFD_CLOEXEC));
+        ASSERT_TRUE(unsealed);
+        ASSERT_EQ(::ftruncate(unsealed.get(), static_cast<off_t>(e.mapped)), 0);
+        e.fd = std::move(unsealed);
+      },
+      "an unsealed memfd");
   expect_invalid(
       export_region(*region), [](RegionExport& e) { e.kind = static_cast<MemoryKind>(17); },
       "an unknown kind");

@@ -201,21 +201,24 @@ TEST_F(SameHostCancel, ACancelledMappedPullLandsNoByteAfterItsReport) {
   EXPECT_GE(cancelled, 1) << "no pull was cancelled before its copies ended: nothing was tested";
 }
 
-// A cancel stops the copies it finds: at most the pieces running when it came and those copied
-// before the cancel reached the progress thread. (Cancelling one ticket at a time, each cancel
-// waited for a running piece while the thread took the next ticket's: the cancel chased the
-// thread through the whole queue and about half the rounds copied all 64 pages.) The bound is
-// loose on purpose: on a busy machine the cancel reaches the thread a few pages late.
+// A cancel stops the copies it finds. Cancelled one ticket at a time, each cancel waited for a
+// running piece while the thread took the next ticket's, so the cancel chased the thread through
+// the whole queue and about half the rounds copied all 64 pages; now the session cancels all its
+// copies at once. How many pages land before the cancel reaches the progress thread depends on
+// the machine's load, so each cancelled round must only stop short of the whole pull, and the
+// best round must stop within the first quarter.
 TEST_F(SameHostCancel, ACancelStopsTheMappedCopiesItFinds) {
-  constexpr std::size_t kAtMost = kPages / 2;
+  std::size_t fewest = kPages;
   for (int i = 0; i < 10; ++i) {
     SCOPED_TRACE("round " + std::to_string(i));
     Round round;
     ASSERT_NO_FATAL_FAILURE(cancel_round(round));
     if (round.result.failure == Failure::kCancelled) {
-      EXPECT_LE(round.pages_written, kAtMost) << "pages copied by a cancelled pull";
+      EXPECT_LT(round.pages_written, kPages) << "a cancelled pull copied every page";
+      fewest = std::min(fewest, round.pages_written);
     }
   }
+  EXPECT_LE(fewest, kPages / 4) << "no cancel stopped the copies early";
 }
 
 }  // namespace

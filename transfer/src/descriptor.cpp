@@ -17,6 +17,7 @@ constexpr std::size_t kMaxBlob = 64 << 10;  // worker addresses and rkeys are fa
 constexpr std::size_t kMaxNode = 1024;
 constexpr std::size_t kMaxShareName = 107;  // sun_path less the abstract namespace's NUL
 constexpr std::uint64_t kMaxPoolKind = 2;   // gpu::MemoryKind::kDevice
+constexpr const char* kShareNamePrefix = "kvnode-pool-";  // pool_share.cpp names them so
 
 void pack_bin(msgpack::packer<msgpack::sbuffer>& pk, const ucx::Bytes& b) {
   pk.pack_bin(static_cast<std::uint32_t>(b.size()));
@@ -93,7 +94,8 @@ Result<PeerDescriptor> decode_descriptor(const ucx::Bytes& bytes) {
   msgpack::object_handle handle;
   try {
     // Limits keep a hostile header from making msgpack-cxx allocate for elements never sent.
-    const msgpack::unpack_limit limits(16, 16, kMaxBlob, kMaxBlob, 16, 2);
+    // Maps of up to 64 keys: room for newer peers' additions (13 keys today).
+    const msgpack::unpack_limit limits(16, 64, kMaxBlob, kMaxBlob, 16, 2);
     handle = msgpack::unpack(reinterpret_cast<const char*>(bytes.data()), bytes.size(), nullptr,
                              nullptr, limits);
   } catch (const std::exception& e) {
@@ -157,6 +159,10 @@ Result<PeerDescriptor> decode_descriptor(const ucx::Bytes& bytes) {
       if (v.type != msgpack::type::STR) return field_error(key, "expected a string");
       if (v.via.str.size > kMaxShareName) return field_error(key, "longer than 107 bytes");
       d.share.assign(v.via.str.ptr, v.via.str.size);
+      // Only a kvnode share socket: a peer must not make us connect to just any abstract socket.
+      if (d.share.rfind(kShareNamePrefix, 0) != 0)
+        return field_error(key,
+                           "not a kvnode pool share (" + std::string(kShareNamePrefix) + "...)");
     } else if (key == "share_token") {
       if (v.type != msgpack::type::BIN) return field_error(key, "expected bin");
       if (v.via.bin.size != d.share_token.size()) return field_error(key, "not 16 bytes");

@@ -168,12 +168,15 @@ Status TransferPlane::Impl::init() {
 }
 
 void TransferPlane::Impl::stop() {
-  if (!thread_.joinable()) return;
-  mapper_.reset();  // it posts commands; none may come after the thread
-  share_.reset();   // peers map no more of our pool (mappings they hold stay theirs)
-  stopping_ = true;
-  wake_->signal();
-  thread_.join();
+  if (thread_.joinable()) {
+    stopping_ = true;
+    wake_->signal();
+    thread_.join();
+  }
+  // After the thread, which asks the mapper for mappings; what the mapper still posts is never
+  // read. Peers map no more of our pool (mappings they hold stay theirs).
+  mapper_.reset();
+  share_.reset();
 }
 
 void TransferPlane::Impl::watch(int fd, bool add) {

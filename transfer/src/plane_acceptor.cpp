@@ -28,7 +28,14 @@ ListenerAnswer TransferPlane::Impl::answer(const LinkBytes& hello, LinkId link) 
     return {encode_refusal(s.error().message), false};
   }
   watch((*session)->event_fd(), true);
-  LinkBytes out = encode((*session)->local_descriptor(pool_descriptor_));
+  // Our pool's share goes only to a peer of this host: a hello from elsewhere does not learn
+  // where it is handed out, nor the token.
+  PeerDescriptor ours = (*session)->local_descriptor(pool_descriptor_);
+  if (!same_host) {
+    ours.share.clear();
+    ours.share_token = {};
+  }
+  LinkBytes out = encode(ours);
   acceptors_[link] = std::move(session).value();
   return {std::move(out), true};
 }

@@ -138,21 +138,22 @@ class TransferPlane::Impl {
   UniqueFd epoll_;
   std::optional<EventFd> wake_;  // callers' commands wake the progress thread
 
+  // Same-host moves: the engines their copies run on (host pools: threads; a pinned or device
+  // pool: a CUDA engine of its own, so long copies do not queue staged ones), our pool's share
+  // socket, and the thread mapping peers' pools. Declared before the sessions, which cancel their
+  // copies on these engines when they go.
+  std::unique_ptr<gpu::CopyEngine> host_copier_;
+  std::unique_ptr<gpu::CopyEngine> cuda_copier_;
+  std::unique_ptr<PoolShareServer> share_;
+  std::unique_ptr<SameHostMapper> mapper_;
+  std::string same_host_status_ = "off";
+
   std::map<std::string, std::unique_ptr<InitiatorSession>> initiators_;  // by peer url
   std::map<LinkId, std::unique_ptr<AcceptorSession>> acceptors_;         // by the listener's link
   std::unordered_map<TransferId, std::string> where_;                    // transfer -> peer url
 
   std::mutex commands_mutex_;
   std::deque<Command> commands_;
-  // Same-host moves: the engines copies run on (host pools: threads; a pinned pool's CUDA
-  // engine; a device pool uses engine_), our pool's share socket, and the thread mapping peers'.
-  // The mapper goes first at stop: it posts commands.
-  std::unique_ptr<gpu::CopyEngine> host_copier_;
-  std::unique_ptr<gpu::CopyEngine> pinned_copier_;
-  std::unique_ptr<PoolShareServer> share_;
-  std::unique_ptr<SameHostMapper> mapper_;
-  std::string same_host_status_ = "off";
-
   std::atomic<bool> stopping_{false};
   std::atomic<TransferId> next_id_{1};
   mutable std::mutex counters_mutex_;

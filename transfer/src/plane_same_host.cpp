@@ -3,6 +3,8 @@
 // handing the mapping to that session when the mapper thread has made it.
 #include <spdlog/spdlog.h>
 
+#include <system_error>
+
 #include "kvnode/gpu/parallel_copy.hpp"
 #include "plane_impl.hpp"
 
@@ -25,22 +27,31 @@ void TransferPlane::Impl::start_same_host() {
     return;
   }
   host_copier_ = std::move(threads).value();
-  if (memory_kind_ == gpu::MemoryKind::kPinnedHost) {
-    // A peer's device pool reaches our pinned pages by DMA, not by our threads.
+  std::string cuda_note;
+  if (memory_kind_ != gpu::MemoryKind::kHost) {
+    // Copies with a device pool on either side are DMA, on a stream of their own (staged
+    // copies keep theirs).
     if (Result<std::unique_ptr<gpu::CopyEngine>> cuda = gpu::make_cuda_copy_engine(device_))
-      pinned_copier_ = std::move(cuda).value();
+      cuda_copier_ = std::move(cuda).value();
+    else
+      cuda_note = "; no CUDA copies: " + cuda.error().message;
   }
-  mapper_ = std::make_unique<SameHostMapper>(
-      [this](MapResult r) {
-        {
-          std::lock_guard lock(commands_mutex_);
-          Command c{Command::kMapped, nullptr, 0, r.peer, {}, std::move(r)};
-          commands_.push_back(std::move(c));
-        }
-        wake_->signal();
-      },
-      host_copier_.get(),
-      memory_kind_ == gpu::MemoryKind::kDevice ? engine_.get() : pinned_copier_.get());
+  try {
+    mapper_ = std::make_unique<SameHostMapper>(
+        [this](MapResult r) {
+          {
+            std::lock_guard lock(commands_mutex_);
+            Command c{Command::kMapped, nullptr, 0, r.peer, {}, std::move(r)};
+            commands_.push_back(std::move(c));
+          }
+          wake_->signal();
+        },
+        host_copier_.get(), cuda_copier_.get());
+  } catch (const std::system_error& e) {
+    same_host_status_ = std::string("off (the mapping thread: ") + e.what() + ")";
+    spdlog::warn("transfer plane: same-host moves {}", same_host_status_);
+    return;
+  }
   // Offer ours: peers on this host map it. Without it they still may not: we can map theirs.
   std::string offer;
   Result<gpu::RegionExport> exported = gpu::export_region(*region_);
@@ -58,14 +69,12 @@ void TransferPlane::Impl::start_same_host() {
   } else {
     offer = "pool not offered: " + exported.error().message;
   }
-  same_host_status_ = "on (" + offer + "; " + host_copier_->name() + ")";
+  same_host_status_ = "on (" + offer + "; " + host_copier_->name() + cuda_note + ")";
   spdlog::info("transfer plane: same-host moves {}", same_host_status_);
 }
 
 int TransferPlane::Impl::cuda_device() const {
-  if (memory_kind_ == gpu::MemoryKind::kDevice && engine_) return device_;
-  if (pinned_copier_) return device_;
-  return -1;
+  return cuda_copier_ ? device_ : -1;
 }
 
 void TransferPlane::Impl::request_mapping(const InitiatorSession& s) {
@@ -97,10 +106,13 @@ void TransferPlane::Impl::request_mapping(const InitiatorSession& s) {
 
 void TransferPlane::Impl::attach_mapping(MapResult r) {
   if (!r.mapping) {
-    spdlog::warn(
-        "transfer plane: {} is on this host, but its pool could not be mapped ({}): "
-        "UCX moves its chunks",
-        r.peer, r.error);
+    // Unreachable (another network namespace) or unusable here (a GPU this process does not
+    // see) is how some hosts are: info. Anything else is worth a look.
+    const bool expected = r.code == ErrorCode::kPeerLost || r.code == ErrorCode::kRefused;
+    spdlog::log(expected ? spdlog::level::info : spdlog::level::warn,
+                "transfer plane: {} is on this host, but its pool could not be mapped ({}): "
+                "UCX moves its chunks",
+                r.peer, r.error);
     return;
   }
   const auto it = initiators_.find(r.peer);

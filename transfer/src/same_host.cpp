@@ -77,7 +77,7 @@ void SameHostMapper::run() {
 }
 
 MapResult SameHostMapper::map(const MapRequest& r) const {
-  MapResult out{r.peer, r.instance, nullptr, {}};
+  MapResult out{r.peer, r.instance, nullptr, ErrorCode::kRefused, {}};
   gpu::CopyEngine* engine =
       r.decision.copy == SameHostCopy::kHostThreads ? host_engine_ : cuda_engine_;
   if (r.decision.copy == SameHostCopy::kNone || !engine) {
@@ -86,9 +86,11 @@ MapResult SameHostMapper::map(const MapRequest& r) const {
   }
   Result<gpu::RegionExport> fetched = fetch_pool_share(r.share, r.token, kFetchTimeout);
   if (!fetched) {
+    out.code = fetched.error().code;
     out.error = fetched.error().message;
     return out;
   }
+  out.code = ErrorCode::kInvalid;
   if (fetched->kind != r.kind || fetched->bytes < r.pool_bytes) {
     out.error = "the peer handed out a " + std::string(gpu::to_string(fetched->kind)) +
                 " region of " + std::to_string(fetched->bytes) + " bytes for a " +
@@ -99,6 +101,7 @@ MapResult SameHostMapper::map(const MapRequest& r) const {
   Result<gpu::MappedRegion> region =
       gpu::MappedRegion::import(std::move(fetched).value(), r.decision.import);
   if (!region) {
+    out.code = region.error().code;
     out.error = region.error().message;
     return out;
   }

@@ -65,6 +65,7 @@ struct MapResult {
   std::string peer;
   std::uint64_t instance = 0;
   std::shared_ptr<const PeerMapping> mapping;  // null when it failed
+  ErrorCode code = ErrorCode::kInternal;       // why not: kPeerLost (no socket to reach), ...
   std::string error;
 };
 

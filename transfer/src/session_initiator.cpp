@@ -22,7 +22,12 @@ Result<std::unique_ptr<InitiatorSession>> InitiatorSession::create(
                 {am::kAnswer, &InitiatorSession::on_answer}},
                s.get(), {am::kPullRequest, am::kPushData, am::kWritten, am::kRead});
   if (!started) return started.error();
-  s->hello_ = encode(s->local_descriptor(pool_descriptor));
+  // Our share is for peers that dial us (our welcome tells them): the one we dial maps nothing
+  // of ours through this session.
+  PeerDescriptor hello = s->local_descriptor(pool_descriptor);
+  hello.share.clear();
+  hello.share_token = {};
+  s->hello_ = encode(hello);
   return s;
 }
 
@@ -311,11 +316,20 @@ void InitiatorSession::landed(Copy& c, const Status& status) {
     case CopyKind::kMappedRun: {
       Xfer* x = find(c.xfer);
       if (!x) break;
-      if (status)
+      if (status) {
         x->finish_run(c.run);
-      else
-        x->fail_run(c.run, Failure::kRejected,
+      } else {
+        // A local fault (a CUDA error): the mapping is dropped so UCX carries what follows, and
+        // the run may be retried; the peer refused nothing.
+        if (mapping_)
+          spdlog::warn(
+              "transfer plane: copying with {}'s mapped pool failed ({}): "
+              "UCX moves its chunks from now on",
+              peer_, status.error().message);
+        mapping_.reset();
+        x->fail_run(c.run, Failure::kReset,
                     "copying with the peer's mapped pool: " + status.error().message);
+      }
       if (x->finished()) notify(x->pull ? am::kRead : am::kWritten, *x);
       break;
     }

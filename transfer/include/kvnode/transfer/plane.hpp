@@ -33,9 +33,9 @@ namespace kvnode::transfer {
 Result<Protocol> parse_protocol(const std::string& text);  // "auto", "rma", "am"
 
 // Same-host moves: two planes on one host (one boot, one network namespace) copy chunks
-// straight between their pools, each mapping the other's (region_share.hpp), instead of going
-// through UCX. kAuto offers our pool (when it was allocated shareable) and maps a peer's that
-// is offered; kOff does neither.
+// straight between their pools instead of going through UCX: the dialling plane maps the peer's
+// pool (region_share.hpp) and copies both ways itself. kAuto offers our pool to same-host peers
+// (when it was allocated shareable) and maps theirs when offered; kOff does neither.
 enum class SameHost { kAuto, kOff };
 Result<SameHost> parse_same_host(const std::string& text);  // "auto", "off"
 const char* to_string(SameHost s);
@@ -84,7 +84,7 @@ struct PlaneCounters {
   std::uint64_t transfers_failed = 0;
   std::uint64_t bytes_pulled = 0;
   std::uint64_t bytes_pushed = 0;
-  std::uint64_t bytes_served = 0;  // read from or written to our pool by peers (AM and RMA)
+  std::uint64_t bytes_served = 0;     // read from or written to our pool by peers (AM and RMA)
   std::uint64_t bytes_same_host = 0;  // of bytes_pulled + bytes_pushed: copied by mapping the peer
   std::uint64_t sessions_opened = 0;
   std::uint64_t sessions_reset = 0;
@@ -133,8 +133,8 @@ class TransferPlane final : public PeerTransport {
   // the memory types UCX reported (device_path.hpp), from which it was decided.
   PoolPathChoice pool_path() const;
   std::uint64_t ucx_memory_types() const;
-  // Whether same-host moves are on, and why not when they are not (for the log and kvctl
-  // doctor): e.g. "offered (memfd, 4 copy threads)" or "off (--same-host off)".
+  // Whether same-host moves are on, and why not when they are not (the log, /health): e.g.
+  // "on (pool offered; memcpy x4)" or "off (same_host off)".
   std::string same_host_status() const;
 
   class Impl;
