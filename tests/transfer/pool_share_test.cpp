@@ -401,6 +401,11 @@ TEST(PoolShare, ManyClientsAtOnceAreAllServed) {
 // Out of descriptors, accept fails while the client stays queued: the server must wait, not spin,
 // and serve the client once descriptors are free again. In a child, whose limit we may lower.
 TEST(PoolShare, OutOfDescriptorsBacksOffAndRecovers) {
+#if defined(__SANITIZE_ADDRESS__)
+  // The sanitizer runtimes need descriptors of their own in the forked child (reports,
+  // /proc/self/maps) and they are what the test takes away: their failures are not the server's.
+  GTEST_SKIP() << "not under ASan: the child's descriptor limit starves the sanitizer runtime";
+#endif
   Memfd pool;
   int pipe_fds[2];
   ASSERT_EQ(::pipe2(pipe_fds, O_CLOEXEC), 0);

@@ -95,6 +95,10 @@ std::vector<GroupSpec> groups_of(const TransferBenchSpec& s, const PlaneSetup& s
   return groups;
 }
 
+bool with_perftest(const PlaneSetup& setup) {
+  return !setup.same_host || setup.pool == gpu::MemoryKind::kHost;
+}
+
 Baseline best_perftest(const std::string& tls, std::size_t bytes, bool batch,
                        std::vector<std::string> tests) {
   Baseline best;
@@ -126,8 +130,9 @@ Ceilings measure(const TransferBenchSpec& s, const PlaneSetup& setup,
                        size_text(bytes).c_str(), d.error().message.c_str());
         c.device_copy[bytes] = d ? *d : 0;
       }
-  // Same-host moves do not go through UCX: perftest says nothing about them.
-  if (setup.same_host) return c;
+  // Same-host host pools stand where UCX's shared memory did: perftest's shared-memory figure
+  // (a mapped memcpy of UCX's own buffers) is their ceiling too. Device pools: the device copy.
+  if (!with_perftest(setup)) return c;
   for (const GroupSpec& g : groups)
     if (!c.perftest.count({g.tls, g.chunk_bytes}))
       c.perftest[{g.tls, g.chunk_bytes}] =
@@ -205,7 +210,7 @@ int run_transfer_bench(const TransferBenchSpec& s) {
     const std::string last = "/" + ceiling_name;
     std::printf("%-8s %-4s %-8s %5s %-14s %8s %10s %10s %10s", "tls", "op", "chunk", "batch",
                 "path", "GB/s", "chunks/s", "p50 us", "p99 us");
-    if (!setup.same_host)
+    if (with_perftest(setup))
       std::printf(" %18s %6s %18s %6s", "perftest/chunk", "ratio", "perftest/batch", "ratio");
     std::printf(" %10s\n", last.c_str());
   }
@@ -274,7 +279,7 @@ int run_transfer_bench(const TransferBenchSpec& s) {
         std::printf("%-8s %-4s %-8s %5zu %-14s %8.2f %10.0f %10.0f %10.0f", t.c_str(),
                     r.spec.pull ? "pull" : "push", size_text(r.spec.chunk_bytes).c_str(),
                     r.spec.batch, path.c_str(), r.gbps, r.chunks_per_s, r.p50_us, r.p99_us);
-        if (!setup.same_host)
+        if (with_perftest(setup))
           std::printf(" %18s %6.2f %18s %6.2f", perftest_text(chunk).c_str(), ratio(chunk.gbps),
                       perftest_text(batch).c_str(), ratio(batch.gbps));
         std::printf(" %10.2f\n", ratio(ceiling.gbps));
