@@ -75,7 +75,7 @@ run_ctest() {
   ctest --test-dir build-sanitize --output-on-failure -j2 --repeat until-pass:2 2>&1 |
     tee "$log" || true
   local retried
-  retried="$(grep -E 'Test +#[0-9]+: .*[*][*][*]' "$log" |
+  retried="$(grep -E 'Test +#[0-9]+: .*[*][*][*]' "$log" | grep -vE '[*][*][*](Skipped|Not Run)' |
     sed -E 's/.*Test +#[0-9]+: ([^ ]+).*/\1/' | sort -u || true)"
   if [[ -n "$retried" ]]; then
     echo "== ctest: failed once, then run again: $(paste -sd' ' <<<"$retried")"
