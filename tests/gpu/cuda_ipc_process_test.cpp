@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "gpu/segment_plan.hpp"
+#include "gpu/self_child.hpp"
 #include "kvnode/gpu/cuda_ipc.hpp"
 #include "kvnode/gpu/device_probe.hpp"
 
@@ -28,9 +29,14 @@ extern char** environ;
 namespace kvnode::gpu {
 namespace {
 
+using test::kFromParentFd;
+using test::kToParentFd;
+using test::read_all;
+using test::SelfChild;
+using test::spawn_self_child;
+using test::write_all;
+
 constexpr const char* kChildEnv = "KVNODE_IPC_CHILD_FDS";
-constexpr int kToParentFd = 100;  // where the child finds its ends of the two pipes
-constexpr int kFromParentFd = 101;
 constexpr std::size_t kHalf = (1 << 20) + 48;  // the copied halves, after kOffset
 constexpr std::size_t kOffset = 4096 + 16;     // the exported tensor's offset in its allocation
 constexpr unsigned kGatherSeed = 21;           // the child's first half
@@ -43,31 +49,6 @@ struct Exported {
   IpcHandle written{};       // recorded by the child once its bytes are in place
   IpcHandle copied{};        // recorded by the parent once its copies landed
 };
-
-bool write_all(int fd, const void* p, std::size_t n) {
-  const auto* b = static_cast<const char*>(p);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, b, n);
-    if (w <= 0) return false;
-    b += w;
-    n -= static_cast<std::size_t>(w);
-  }
-  return true;
-}
-
-// Reads n bytes, giving up after `timeout_ms` without any (a hung child fails the test).
-bool read_all(int fd, void* p, std::size_t n, int timeout_ms) {
-  auto* b = static_cast<char*>(p);
-  while (n > 0) {
-    pollfd pfd{fd, POLLIN, 0};
-    if (::poll(&pfd, 1, timeout_ms) <= 0) return false;
-    const ssize_t r = ::read(fd, b, n);
-    if (r <= 0) return false;
-    b += r;
-    n -= static_cast<std::size_t>(r);
-  }
-  return true;
-}
 
 // The engine's side; runs only when the parent test started this binary with kChildEnv set.
 TEST(CudaIpcChild, ExportsMemoryAndEventsToTheParent) {
@@ -101,62 +82,9 @@ TEST(CudaIpcChild, ExportsMemoryAndEventsToTheParent) {
   ASSERT_TRUE(write_all(kToParentFd, &ok, 1));
 }
 
-// The child process and the parent's ends of its pipes.
-struct Child {
-  pid_t pid = -1;
-  UniqueFd from_child, to_child;
-  Child() = default;
-  Child(Child&& o) noexcept
-      : pid(std::exchange(o.pid, -1)),
-        from_child(std::move(o.from_child)),
-        to_child(std::move(o.to_child)) {}
-  Child& operator=(Child&&) = delete;
-  // A test that failed half-way: closing the pipe ends the child's wait; reap it.
-  ~Child() {
-    to_child.reset();
-    if (pid > 0) ::waitpid(pid, nullptr, 0);
-  }
-  int wait() {
-    int status = 0;
-    ::waitpid(std::exchange(pid, -1), &status, 0);
-    return status;
-  }
-};
-
-Result<Child> spawn_child() {
-  int up[2], down[2];
-  if (::pipe2(up, O_CLOEXEC) != 0) return make_error(ErrorCode::kIo, "pipe2 failed");
-  const UniqueFd child_up(up[1]);
-  Child child;
-  child.from_child.reset(up[0]);
-  if (::pipe2(down, O_CLOEXEC) != 0) return make_error(ErrorCode::kIo, "pipe2 failed");
-  const UniqueFd child_down(down[0]);
-  child.to_child.reset(down[1]);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, child_up.get(), kToParentFd);
-  posix_spawn_file_actions_adddup2(&actions, child_down.get(), kFromParentFd);
-  posix_spawn_file_actions_adddup2(&actions, STDERR_FILENO, STDOUT_FILENO);  // keep ctest's log
-  std::string filter = "--gtest_filter=CudaIpcChild.*";
-  std::string exe = "/proc/self/exe";
-  std::vector<char*> argv{exe.data(), filter.data(), nullptr};
-  std::string marker = std::string(kChildEnv) + "=1";
-  std::vector<char*> env{marker.data()};
-  for (char** e = environ; *e != nullptr; ++e)  // GTEST_OUTPUT would overwrite the parent's
-    if (std::strncmp(*e, "GTEST_", 6) != 0) env.push_back(*e);
-  env.push_back(nullptr);
-  const int rc = posix_spawn(&child.pid, exe.c_str(), &actions, nullptr, argv.data(), env.data());
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) {
-    child.pid = -1;
-    return make_error(ErrorCode::kIo, std::string("posix_spawn: ") + std::strerror(rc));
-  }
-  return child;
-}
-
 TEST(CudaIpcProcess, CopierGathersAndScattersAnotherProcessesMemoryOrderedByEvents) {
   if (probe_cuda().devices.empty()) GTEST_SKIP() << "no CUDA device: " << probe_cuda().note;
-  Result<Child> child = spawn_child();
+  Result<SelfChild> child = spawn_self_child("CudaIpcChild.*", kChildEnv);
   ASSERT_TRUE(child) << child.error().message;
   Exported in;
   const bool got = read_all(child->from_child.get(), &in, sizeof in, 120000);

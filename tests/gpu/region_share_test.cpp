@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "gpu/self_child.hpp"
 #include "kvnode/gpu/cuda_ipc.hpp"
 #include "kvnode/gpu/device_probe.hpp"
 
@@ -32,6 +33,13 @@ extern char** environ;
 
 namespace kvnode::gpu {
 namespace {
+
+using test::kFromParentFd;
+using test::kToParentFd;
+using test::read_all;
+using test::SelfChild;
+using test::spawn_self_child;
+using test::write_all;
 
 constexpr std::size_t kBytes = (3u << 20) + 123;  // a region that is not whole pages
 constexpr int kTimeoutMs = 30000;                 // a peer process that hangs fails the test
@@ -459,8 +467,6 @@ TEST(RegionShareCuda, PinnedShareableRegionIsRegisteredAndMapped) {
 // --- Device memory across a process boundary (a GPU; CUDA forbids fork after init) ---------
 
 constexpr const char* kChildEnv = "KVNODE_REGION_SHARE_CHILD";
-constexpr int kToParentFd = 100;
-constexpr int kFromParentFd = 101;
 constexpr unsigned kChildSeed = 11;   // what the exporting child writes
 constexpr unsigned kParentSeed = 12;  // what the importing parent writes back
 
@@ -469,30 +475,6 @@ struct WireDeviceExport {
   std::uint64_t bytes = 0;
   int device = 0;
 };
-
-bool write_all(int fd, const void* p, std::size_t n) {
-  const auto* b = static_cast<const char*>(p);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, b, n);
-    if (w <= 0) return false;
-    b += w;
-    n -= static_cast<std::size_t>(w);
-  }
-  return true;
-}
-
-bool read_all(int fd, void* p, std::size_t n) {
-  auto* b = static_cast<char*>(p);
-  while (n > 0) {
-    pollfd pfd{fd, POLLIN, 0};
-    if (::poll(&pfd, 1, 4 * kTimeoutMs) <= 0) return false;
-    const ssize_t r = ::read(fd, b, n);
-    if (r <= 0) return false;
-    b += r;
-    n -= static_cast<std::size_t>(r);
-  }
-  return true;
-}
 
 // The exporting side; runs only as the child RegionShareCuda.DeviceRegionCrossesAProcess starts.
 TEST(RegionShareChild, ExportsADeviceRegion) {
@@ -511,66 +493,19 @@ TEST(RegionShareChild, ExportsADeviceRegion) {
   const WireDeviceExport wire{e->ipc, e->bytes, e->device};
   ASSERT_TRUE(write_all(kToParentFd, &wire, sizeof wire));
   char done = 0;
-  ASSERT_TRUE(read_all(kFromParentFd, &done, 1));  // the parent wrote and unmapped
+  ASSERT_TRUE(read_all(kFromParentFd, &done, 1, 4 * kTimeoutMs));  // the parent wrote and unmapped
   std::vector<std::byte> back(kBytes);
   ASSERT_TRUE(cuda_copy(back.data(), region->data(), kBytes));
   const char ok = back == pattern(kBytes, kParentSeed) ? 1 : 0;
   ASSERT_TRUE(write_all(kToParentFd, &ok, 1));
 }
 
-struct Child {
-  pid_t pid = -1;
-  UniqueFd from_child, to_child;
-  Child() = default;
-  Child(Child&& o) noexcept
-      : pid(std::exchange(o.pid, -1)),
-        from_child(std::move(o.from_child)),
-        to_child(std::move(o.to_child)) {}
-  Child& operator=(Child&&) = delete;
-  ~Child() {  // a test that failed half-way: closing the pipe ends the child's wait
-    to_child.reset();
-    if (pid > 0) ::waitpid(pid, nullptr, 0);
-  }
-  int wait() { return wait_child(std::exchange(pid, -1)); }
-};
-
-Result<Child> spawn_child() {
-  int up[2], down[2];
-  if (::pipe2(up, O_CLOEXEC) != 0) return make_error(ErrorCode::kIo, "pipe2 failed");
-  const UniqueFd child_up(up[1]);
-  Child child;
-  child.from_child.reset(up[0]);
-  if (::pipe2(down, O_CLOEXEC) != 0) return make_error(ErrorCode::kIo, "pipe2 failed");
-  const UniqueFd child_down(down[0]);
-  child.to_child.reset(down[1]);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, child_up.get(), kToParentFd);
-  posix_spawn_file_actions_adddup2(&actions, child_down.get(), kFromParentFd);
-  posix_spawn_file_actions_adddup2(&actions, STDERR_FILENO, STDOUT_FILENO);  // keep ctest's log
-  std::string filter = "--gtest_filter=RegionShareChild.*";
-  std::string exe = "/proc/self/exe";
-  std::vector<char*> argv{exe.data(), filter.data(), nullptr};
-  std::string marker = std::string(kChildEnv) + "=1";
-  std::vector<char*> env{marker.data()};
-  for (char** e = environ; *e != nullptr; ++e)  // GTEST_OUTPUT would overwrite the parent's
-    if (std::strncmp(*e, "GTEST_", 6) != 0) env.push_back(*e);
-  env.push_back(nullptr);
-  const int rc = posix_spawn(&child.pid, exe.c_str(), &actions, nullptr, argv.data(), env.data());
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) {
-    child.pid = -1;
-    return make_error(ErrorCode::kIo, std::string("posix_spawn: ") + std::strerror(rc));
-  }
-  return child;
-}
-
 TEST(RegionShareCuda, DeviceRegionCrossesAProcess) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device: " << probe_cuda().note;
-  Result<Child> child = spawn_child();
+  Result<SelfChild> child = spawn_self_child("RegionShareChild.*", kChildEnv);
   ASSERT_TRUE(child) << child.error().message;
   WireDeviceExport wire;
-  const bool got = read_all(child->from_child.get(), &wire, sizeof wire);
+  const bool got = read_all(child->from_child.get(), &wire, sizeof wire, 4 * kTimeoutMs);
   if (!got) ::kill(child->pid, SIGKILL);  // hung or failed; reaped by ~Child
   ASSERT_TRUE(got) << "the child sent no export";
   EXPECT_EQ(wire.bytes, kBytes);
@@ -595,7 +530,7 @@ TEST(RegionShareCuda, DeviceRegionCrossesAProcess) {
   const char done = 1;
   ASSERT_TRUE(write_all(child->to_child.get(), &done, 1));
   char ok = 0;
-  EXPECT_TRUE(read_all(child->from_child.get(), &ok, 1));
+  EXPECT_TRUE(read_all(child->from_child.get(), &ok, 1, 4 * kTimeoutMs));
   EXPECT_EQ(ok, 1) << "the child did not see the parent's bytes";
   const int status = child->wait();
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
