@@ -78,6 +78,9 @@ std::string metrics_text(const Daemon::Parts& p) {
          static_cast<std::uint64_t>(a.control_errors));
   metric("kvnode_full_syncs_completed_total", "counter", "Full syncs the controller confirmed.", "",
          static_cast<std::uint64_t>(a.full_syncs_completed));
+  metric("kvnode_full_sync_running", "gauge",
+         "1 while a full sync freezes the store (writes are refused: kFrozen).", "",
+         p.store->frozen() ? 1U : 0U);
   metric("kvnode_moves_running", "gauge", "Moves running on the move executor (0 or 1).", "",
          a.moves_running);
   metric("kvnode_moves_queued", "gauge", "Moves waiting behind the running one.", "",
