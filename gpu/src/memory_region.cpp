@@ -11,6 +11,7 @@
 #include <string>
 
 #include "cuda_memory.hpp"
+#include "fault_in.hpp"
 
 namespace kvnode::gpu {
 namespace {
@@ -32,17 +33,6 @@ bool shmem_thp_available() {
   std::string line;
   return std::getline(in, line) && line.find("[never]") == std::string::npos &&
          line.find("[deny]") == std::string::npos;
-}
-
-// Faults every page of [p, p + bytes) of fresh memory in now: a first touch inside a transfer
-// costs far more (measured on these VMs: cma into fresh pages ran at a tenth of its speed).
-// MADV_POPULATE_WRITE keeps the huge pages asked for (Linux 5.14+); older kernels get a write.
-void populate(void* p, std::size_t bytes) {
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
-  if (madvise(p, bytes, MADV_POPULATE_WRITE) != 0)
-    for (std::size_t at = 0; at < bytes; at += kSmallPage) static_cast<volatile char*>(p)[at] = 0;
 }
 
 // A memfd of `bytes` mapped shared, for a region that region_share.hpp hands to a peer. Sealed
@@ -185,7 +175,8 @@ Result<MemoryRegion> MemoryRegion::allocate(std::size_t bytes, const RegionOptio
   // fails under a small RLIMIT_MEMLOCK, which locked() reports.
   if (options.lock) region.locked_ = mlock(p, mapped) == 0;
   // Without the lock (RLIMIT_MEMLOCK too small), fault every page in now anyway.
-  if (!region.locked_) populate(p, mapped);
+  if (!region.locked_)
+    if (Status s = fault_in(p, mapped); !s) return wrap_error("a host region: ", s.error());
   return region;
 }
 

@@ -6,7 +6,6 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -14,32 +13,14 @@
 #include <string>
 #include <utility>
 
+#include "fault_in.hpp"
 #include "kvnode/gpu/cuda_ipc.hpp"
 
 namespace kvnode::gpu {
 namespace {
 
-constexpr std::size_t kSmallPage = 4096;
-
 Error os_error(const std::string& what) {
   return make_error(ErrorCode::kIo, what + ": " + std::strerror(errno));
-}
-
-// Faults every page of another process's memory in now, not inside the first copies. The
-// fallback touches each page with an atomic no-op write: the exporter may be writing the same
-// bytes, and a plain read-then-write could undo its store.
-// Touching is only for kernels without MADV_POPULATE_WRITE (EINVAL): any other failure (no
-// memory, a poisoned page) would fault in the touch too, so it fails the import instead.
-Status populate(std::byte* p, std::size_t bytes) {
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
-  if (madvise(p, bytes, MADV_POPULATE_WRITE) == 0) return {};
-  if (errno != EINVAL) return os_error("faulting in the mapped region");
-  for (std::size_t at = 0; at < bytes; at += kSmallPage)
-    std::atomic_ref<unsigned char>(reinterpret_cast<unsigned char&>(p[at]))
-        .fetch_or(0, std::memory_order_relaxed);
-  return {};
 }
 
 // The host kinds' checks: a memfd at least as large as the mapping asked for, which holds the
@@ -145,7 +126,8 @@ Result<MappedRegion> MappedRegion::import(RegionExport what, const ImportOptions
   // lets khugepaged collapse this mapping's view where shmem allows.
   (void)madvise(p, what.mapped, MADV_HUGEPAGE);
   if (options.populate)
-    if (Status s = populate(state->host, what.mapped); !s) return s.error();
+    if (Status s = fault_in(state->host, what.mapped); !s)
+      return wrap_error("the mapped region: ", s.error());
   if (options.register_with_cuda && options.device >= 0) {
     Result<HostRegistration> r =
         HostRegistration::register_memory(state->host, what.mapped, options.device);

@@ -158,30 +158,37 @@ struct PoolShareServer::State {
 
 namespace {
 
-constexpr const char* kStopping = "stopping";
+// How one client ended: served, refused (and why, for the log), or cut short by a stop.
+struct Served {
+  enum class Outcome { kServed, kRefused, kStopping };
+  Outcome outcome;
+  const char* why = "";
+};
+Served refused(const char* why) {
+  return {Served::Outcome::kRefused, why};
+}
 
-// One client: its request within the deadline, then the answer. Returns why it was refused, or
-// nullptr once served, or kStopping: a stop ends the wait at once (the caller sees the eventfd).
-const char* serve_one(PoolShareServer::State& s, int fd) {
-  if (!trusted_peer(fd)) return "another user";
+// One client: its request within the deadline, then the answer. A stop ends the wait at once.
+Served serve_one(PoolShareServer::State& s, int fd) {
+  if (!trusted_peer(fd)) return refused("another user");
   Request req{};
   std::size_t got = 0;
   const auto deadline = Clock::now() + kClientDeadline;
   while (got < req.size()) {
     const Wait w = wait_for(fd, POLLIN, deadline, s.stop.fd());
-    if (w == Wait::kStopped) return kStopping;
-    if (w != Wait::kReady) return "no request in time";
+    if (w == Wait::kStopped) return {Served::Outcome::kStopping, ""};
+    if (w != Wait::kReady) return refused("no request in time");
     const ssize_t n = ::recv(fd, req.data() + got, req.size() - got, MSG_DONTWAIT);
-    if (n == 0) return "closed before a whole request";
+    if (n == 0) return refused("closed before a whole request");
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-    if (n < 0) return "read failed";
+    if (n < 0) return refused("read failed");
     got += static_cast<std::size_t>(n);
   }
   if (std::memcmp(req.data(), "KVPS", 4) != 0 ||
       get<std::uint16_t>(req.data() + 4) != kShareVersion ||
       get<std::uint16_t>(req.data() + 6) != 0)
-    return "not a version 1 request";
-  if (!same_token(req.data() + 8, s.token)) return "wrong token";
+    return refused("not a version 1 request");
+  if (!same_token(req.data() + 8, s.token)) return refused("wrong token");
 
   Answer a = answer_frame(s.what);
   iovec iov{a.data(), a.size()};
@@ -204,7 +211,8 @@ const char* serve_one(PoolShareServer::State& s, int fd) {
   }
   // A fresh socket's buffer holds the whole frame: a short send means the client is gone.
   const ssize_t sent = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-  return sent == static_cast<ssize_t>(a.size()) ? nullptr : "answer not sent";
+  if (sent != static_cast<ssize_t>(a.size())) return refused("answer not sent");
+  return {Served::Outcome::kServed, ""};
 }
 
 void serve(PoolShareServer::State& s) {
@@ -224,12 +232,12 @@ void serve(PoolShareServer::State& s) {
       if (wait_for(stop, POLLIN, Clock::now() + kAcceptBackoff) == Wait::kReady) return;
       continue;
     }
-    const char* why = serve_one(s, client.get());
-    if (why == nullptr) {
+    const Served r = serve_one(s, client.get());
+    if (r.outcome == Served::Outcome::kServed) {
       s.served.fetch_add(1, std::memory_order_relaxed);
-    } else if (why != kStopping) {
+    } else if (r.outcome == Served::Outcome::kRefused) {
       s.refused.fetch_add(1, std::memory_order_relaxed);
-      spdlog::debug("pool share {}: refused a client: {}", s.name, why);
+      spdlog::debug("pool share {}: refused a client: {}", s.name, r.why);
     }
   }
 }

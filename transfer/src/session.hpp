@@ -141,6 +141,27 @@ class Session {
     am::RunRequest target{};
     gpu::CopyEngine* engine = nullptr;  // null: copier_
     std::shared_ptr<const void> keep;   // the mapped pool it reads or writes, until it ends
+
+    // A run of one of our transfers (through a staging slot, or none).
+    static Copy of_run(CopyKind kind, TransferId xfer, std::uint32_t run,
+                       std::optional<gpu::PageId> slot) {
+      Copy c;
+      c.kind = kind;
+      c.xfer = xfer;
+      c.run = run;
+      c.slot = slot;
+      return c;
+    }
+    // A run served to a peer: `target` of its transfer, answered with kOk once copied.
+    static Copy serving(CopyKind kind, TransferId peer_xfer, const am::RunRequest& target,
+                        std::optional<gpu::PageId> slot) {
+      Copy c;
+      c.kind = kind;
+      c.slot = slot;
+      c.header = {peer_xfer, target.run, am::RunCode::kOk};
+      c.target = target;
+      return c;
+    }
   };
   struct Deferred {  // a rendezvous to receive, or a request to serve, outside UCX's callback
     explicit Deferred(OpKind k) : kind(k) {}

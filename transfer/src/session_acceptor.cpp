@@ -93,9 +93,7 @@ void AcceptorSession::serve(Deferred& d) {
     case OpKind::kServeStage: {  // a peer's pull, staged: page -> slot, then sent (landed)
       const am::RunRequest r = d.runs.at(0);
       const gpu::PageId slot = *take_slot();
-      Copy c{
-          0, CopyKind::kServeStaged, 0, 0, slot, {d.transfer, r.run, am::RunCode::kOk}, r, nullptr,
-          {}};
+      const Copy c = Copy::serving(CopyKind::kServeStaged, d.transfer, r, slot);
       start_copy(c, slot_bytes(slot), pool_.page(r.first), pool_.page_bytes);
       break;
     }
@@ -121,7 +119,7 @@ void AcceptorSession::completed(Op& op, ucs_status_t st) {
       const am::RunHeader ack{op.push.transfer, target.run,
                               ok ? am::RunCode::kOk : am::RunCode::kMalformed};
       if (op.slot && ok) {  // the bytes are in a slot: copied to the page, acknowledged after
-        Copy c{0, CopyKind::kServeLanded, 0, 0, op.slot, ack, target, nullptr, {}};
+        const Copy c = Copy::serving(CopyKind::kServeLanded, ack.transfer, target, op.slot);
         return start_copy(c, pool_.page(target.first), slot_bytes(*op.slot),
                           span_bytes(target.count));
       }
@@ -226,15 +224,7 @@ ucs_status_t AcceptorSession::on_push_data(void* arg, const void* header, std::s
     return UCS_INPROGRESS;
   }
   if (s->copier_) {  // staged, or a device pool: only the copy engine reaches it
-    s->start_copy(Copy{0,
-                       CopyKind::kServeLanded,
-                       0,
-                       0,
-                       std::nullopt,
-                       {h->transfer, t.run, am::RunCode::kOk},
-                       t,
-                       nullptr,
-                       {}},
+    s->start_copy(Copy::serving(CopyKind::kServeLanded, h->transfer, t, std::nullopt),
                   s->pool_.page(t.first), data, length);
     return UCS_OK;
   }

@@ -143,7 +143,9 @@ void InitiatorSession::post_mapped(Xfer& x) {
     const Run& run = x.plan.runs[r];
     std::byte* local = pool_.page(run.local);
     std::byte* remote = mapping_->page(run.remote, pool_.page_bytes);
-    Copy c{0, CopyKind::kMappedRun, x.id, r, std::nullopt, {}, {}, mapping_->engine, mapping_};
+    Copy c = Copy::of_run(CopyKind::kMappedRun, x.id, r, std::nullopt);
+    c.engine = mapping_->engine;
+    c.keep = mapping_;
     ++x.stats.ops;
     if (x.pull)
       start_copy(std::move(c), local, remote, span_bytes(run.count));
@@ -204,7 +206,7 @@ void InitiatorSession::completed(Op& op, ucs_status_t st) {
       if (x) x->fail_run(op.run, Failure::kPeerLost, status_text("reading from the peer", st));
       return;
     }
-    Copy c{0, CopyKind::kPullLanded, x->id, op.run, slot, {}, {}, nullptr, {}};
+    const Copy c = Copy::of_run(CopyKind::kPullLanded, x->id, op.run, slot);
     return start_copy(c, pool_.page(x->plan.runs[op.run].local), slot_bytes(slot),
                       pool_.page_bytes);
   }
@@ -273,7 +275,7 @@ void InitiatorSession::serve(Deferred& d) {
       if (!x || !x->is_open(d.run_index)) break;
       const Run& run = x->plan.runs[d.run_index];
       const gpu::PageId slot = *take_slot();
-      Copy c{0, CopyKind::kPushStaged, x->id, d.run_index, slot, {}, {}, nullptr, {}};
+      const Copy c = Copy::of_run(CopyKind::kPushStaged, x->id, d.run_index, slot);
       start_copy(c, slot_bytes(slot), pool_.page(run.local), pool_.page_bytes);
       break;
     }

@@ -46,7 +46,7 @@ ucs_status_t InitiatorSession::on_pull_data(void* arg, const void* header,
     return UCS_INPROGRESS;  // keeps `data` for ucp_am_recv_data_nbx
   }
   if (s->copier_) {  // staged, or a device pool: only the copy engine reaches it
-    s->start_copy(Copy{0, CopyKind::kPullLanded, x->id, h->run, std::nullopt, {}, {}, nullptr, {}},
+    s->start_copy(Copy::of_run(CopyKind::kPullLanded, x->id, h->run, std::nullopt),
                   s->pool_.page(run.local), data, length);
     return UCS_OK;
   }
