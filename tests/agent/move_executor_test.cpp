@@ -23,6 +23,7 @@
 #include "kvnode/agent/worker_agent.hpp"
 #include "kvnode/controller/controller.hpp"
 #include "kvnode/wire/codec.hpp"
+#include "support/eventually.hpp"
 
 namespace kvnode::agent {
 namespace {
@@ -122,11 +123,7 @@ std::string error_of(const wire::Msg& m) {
 }
 
 bool eventually(const std::function<bool()>& condition) {
-  for (const auto until = Clock::now() + kPatience; !condition();) {
-    if (Clock::now() > until) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
+  return test::eventually(condition, kPatience);
 }
 
 class MoveExecutorTest : public ::testing::Test {

@@ -15,6 +15,7 @@
 
 #include "kvnode/controller/controller.hpp"
 #include "kvnode/wire/codec.hpp"
+#include "support/eventually.hpp"
 
 namespace kvnode::agent {
 namespace {
@@ -32,13 +33,7 @@ controller::ControllerConfig loopback(int pull = 0, int reply = 0, int heartbeat
   return c;
 }
 
-bool eventually(const std::function<bool()>& condition, std::chrono::milliseconds patience = 10s) {
-  for (const auto until = Clock::now() + patience; !condition();) {
-    if (Clock::now() > until) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
+using test::eventually;
 
 AgentOptions options_for(int pull, int reply) {
   AgentOptions o;

@@ -26,6 +26,7 @@
 #include "client/raw_local_socket.hpp"
 #include "kvnode/client/local_protocol.hpp"
 #include "support/child_process.hpp"
+#include "support/eventually.hpp"
 
 namespace kvnode::client {
 namespace {
@@ -37,11 +38,7 @@ constexpr std::size_t kChunkBytes = 64 << 10;
 constexpr std::size_t kChunkTokens = 16;
 
 bool eventually(const std::function<bool()>& done, Clock::duration patience = 30s) {
-  for (const auto until = Clock::now() + patience; !done();) {
-    if (Clock::now() > until) return false;
-    std::this_thread::sleep_for(20ms);
-  }
-  return true;
+  return test::eventually(done, patience, 20ms);
 }
 
 // A chunk's bytes: a function of its hash, so a copy can be checked.

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "support/child_process.hpp"
+#include "support/eventually.hpp"
 #include "support/process.hpp"
 
 namespace kvnode::multihost {
@@ -34,11 +35,7 @@ using Clock = std::chrono::steady_clock;
 using Json = nlohmann::json;
 
 inline bool eventually(const std::function<bool()>& c, Clock::duration patience) {
-  for (const auto until = Clock::now() + patience; !c();) {
-    if (Clock::now() > until) return false;
-    std::this_thread::sleep_for(50ms);
-  }
-  return true;
+  return test::eventually(c, patience, 50ms);  // conditions here run commands in namespaces
 }
 
 // iproute2's ip, or "" where it is not installed.

@@ -29,6 +29,7 @@
 #include "kvnode/node/peer_moves.hpp"
 #include "kvnode/transfer/plane.hpp"
 #include "peer_service.hpp"
+#include "support/eventually.hpp"
 #include "support/http_client.hpp"
 
 namespace kvnode::node::rig {
@@ -52,13 +53,7 @@ inline std::vector<std::byte> chunk_bytes(ChunkHash h, std::size_t size = kChunk
   return b;
 }
 
-inline bool eventually(const std::function<bool()>& c, Clock::duration patience = 15s) {
-  for (const auto until = Clock::now() + patience; !c();) {
-    if (Clock::now() > until) return false;
-    std::this_thread::sleep_for(10ms);
-  }
-  return true;
-}
+using test::eventually;
 
 // `n` distinct loopback TCP ports free right now, for processes that must come back on the same
 // ports. They are taken below the kernel's ephemeral range where it leaves room (so no outgoing

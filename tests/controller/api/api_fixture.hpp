@@ -28,6 +28,7 @@
 #include "kvnode/keys/chunk_hash.hpp"
 #include "kvnode/wire/codec.hpp"
 #include "kvnode/wire/json.hpp"
+#include "support/eventually.hpp"
 #include "support/http_client.hpp"
 
 namespace kvnode::controller::testing {
@@ -53,12 +54,7 @@ inline bool is_event_id(std::string_view text, std::string_view prefix) {
 }
 
 inline bool eventually(const std::function<bool()>& condition) {
-  const auto give_up = Clock::now() + kPatience;
-  while (!condition()) {
-    if (Clock::now() > give_up) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
+  return test::eventually(condition, kPatience);
 }
 
 // What a fake worker does with one request.

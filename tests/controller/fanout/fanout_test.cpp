@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "fake_worker.hpp"
+#include "support/eventually.hpp"
 
 namespace kvnode::controller {
 namespace {
@@ -42,12 +43,7 @@ std::string text(const Result<std::string>& r) {
 }
 
 bool eventually(const std::function<bool()>& condition) {
-  const auto give_up = Clock::now() + kPatience;
-  while (!condition()) {
-    if (Clock::now() > give_up) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
+  return test::eventually(condition, kPatience);
 }
 
 TEST(FanOut, ZeroTargetsCompleteAtOnce) {

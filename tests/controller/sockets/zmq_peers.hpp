@@ -13,6 +13,7 @@
 
 #include "kvnode/controller/controller.hpp"
 #include "kvnode/wire/codec.hpp"
+#include "support/eventually.hpp"
 
 namespace kvnode::test {
 
@@ -98,16 +99,5 @@ class Pusher {
  private:
   zmq::socket_t socket_;
 };
-
-// Polls until pred() holds or the timeout passes (PULL is one-way: effects show up later).
-template <class Pred>
-bool eventually(Pred pred, std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return pred();
-}
 
 }  // namespace kvnode::test
