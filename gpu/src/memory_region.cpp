@@ -12,6 +12,7 @@
 
 #include "cuda_memory.hpp"
 #include "fault_in.hpp"
+#include "kvnode/gpu/region_share.hpp"
 
 namespace kvnode::gpu {
 namespace {
@@ -24,15 +25,6 @@ bool thp_available() {
   std::ifstream in("/sys/kernel/mm/transparent_hugepage/enabled");
   std::string line;
   return std::getline(in, line) && line.find("[never]") == std::string::npos;
-}
-
-// A memfd's pages are shmem, with their own switch: "always within_size advise [never] deny
-// force". MADV_HUGEPAGE succeeds on a shmem mapping whatever it says, so it is read here.
-bool shmem_thp_available() {
-  std::ifstream in("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
-  std::string line;
-  return std::getline(in, line) && line.find("[never]") == std::string::npos &&
-         line.find("[deny]") == std::string::npos;
 }
 
 // A memfd of `bytes` mapped shared, for a region that region_share.hpp hands to a peer. Sealed
@@ -115,7 +107,7 @@ Result<MemoryRegion> MemoryRegion::allocate(std::size_t bytes, const RegionOptio
   // the kernel can back all of it with them. Private and anonymous, a named shm object, or a
   // memfd (shareable; whose huge pages follow the shmem switch).
   const bool huge = options.huge_pages && bytes >= kHugePage &&
-                    (options.shareable ? shmem_thp_available() : thp_available());
+                    (options.shareable ? shmem_huge_pages_available() : thp_available());
   const std::size_t page = huge ? kHugePage : kSmallPage;
   if (bytes > SIZE_MAX - page) return make_error("memory region too large");
   const std::size_t mapped = (bytes + page - 1) / page * page;

@@ -167,4 +167,8 @@ std::string shmem_huge_pages_setting() {
   return line.substr(open + 1, close - open - 1);
 }
 
+bool shmem_huge_pages_available(std::string_view setting) {
+  return setting != "never" && setting != "deny" && setting != "unknown";
+}
+
 }  // namespace kvnode::gpu

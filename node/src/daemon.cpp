@@ -24,6 +24,18 @@ httpd::Limits http_limits(const NodeConfig& c) {
   return l;
 }
 
+// The chunk pool, shareable when asked (a memfd that same-host peers map). A host or pinned pool
+// that cannot be shareable is still a pool: made again unshared, with a warning.
+Result<gpu::ChunkPool> create_pool(gpu::PoolOptions po, const std::string& memory) {
+  Result<gpu::ChunkPool> pool = gpu::ChunkPool::create(po);
+  if (pool || !po.region.shareable || po.region.kind == gpu::MemoryKind::kDevice) return pool;
+  spdlog::warn(
+      "kvnode: shareable {} memory failed ({}): the pool is not shared with same-host peers",
+      memory, pool.error().message);
+  po.region.shareable = false;
+  return gpu::ChunkPool::create(po);
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Daemon>> Daemon::start(const NodeConfig& c) {
@@ -54,21 +66,9 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const NodeConfig& c) {
   if (!same_host) return same_host.error();
   // Shared with same-host peers (a memfd); a pool that cannot be is still a pool, unshared.
   po.region.shareable = *same_host == transfer::SameHost::kAuto;
-  Result<gpu::ChunkPool> pool = gpu::ChunkPool::create(po);
-  if (!pool && po.region.shareable && *kind != gpu::MemoryKind::kDevice) {
-    spdlog::warn(
-        "kvnode: shareable {} memory failed ({}): the pool is not shared with same-host "
-        "peers",
-        c.memory, pool.error().message);
-    po.region.shareable = false;
-    Result<gpu::ChunkPool> unshared = gpu::ChunkPool::create(po);
-    if (!unshared) return wrap_error("chunk memory: ", std::move(unshared).error());
-    p->pool.emplace(std::move(unshared).value());
-  } else if (!pool) {
-    return wrap_error("chunk memory: ", std::move(pool).error());
-  } else {
-    p->pool.emplace(std::move(pool).value());
-  }
+  Result<gpu::ChunkPool> pool = create_pool(po, c.memory);
+  if (!pool) return wrap_error("chunk memory: ", std::move(pool).error());
+  p->pool.emplace(std::move(pool).value());
   spdlog::info(
       "kvnode: {} chunks of {} bytes in {} memory, ready in {:.1f} s", po.pages, po.page_bytes,
       c.memory,

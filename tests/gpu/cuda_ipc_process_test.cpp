@@ -24,8 +24,6 @@
 #include "kvnode/gpu/cuda_ipc.hpp"
 #include "kvnode/gpu/device_probe.hpp"
 
-extern char** environ;
-
 namespace kvnode::gpu {
 namespace {
 

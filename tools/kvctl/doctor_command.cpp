@@ -30,8 +30,7 @@ struct Report {
 
 // Same-host moves share pools as memfds (shmem): their huge pages follow shmem_enabled.
 std::string same_host_pools(const Report& r) {
-  const bool huge = r.shmem_huge_pages == "advise" || r.shmem_huge_pages == "always" ||
-                    r.shmem_huge_pages == "within_size" || r.shmem_huge_pages == "force";
+  const bool huge = kvnode::gpu::shmem_huge_pages_available(r.shmem_huge_pages);
   return std::string("memfd, ") + (huge ? "huge pages" : "4 KiB pages") +
          " (shmem_enabled: " + r.shmem_huge_pages + ")";
 }

@@ -17,7 +17,6 @@ constexpr std::size_t kMaxBlob = 64 << 10;  // worker addresses and rkeys are fa
 constexpr std::size_t kMaxNode = 1024;
 constexpr std::size_t kMaxShareName = 107;  // sun_path less the abstract namespace's NUL
 constexpr std::uint64_t kMaxPoolKind = 2;   // gpu::MemoryKind::kDevice
-constexpr const char* kShareNamePrefix = "kvnode-pool-";  // pool_share.cpp names them so
 
 void pack_bin(msgpack::packer<msgpack::sbuffer>& pk, const ucx::Bytes& b) {
   pk.pack_bin(static_cast<std::uint32_t>(b.size()));
@@ -160,7 +159,7 @@ Result<PeerDescriptor> decode_descriptor(const ucx::Bytes& bytes) {
       if (v.via.str.size > kMaxShareName) return field_error(key, "longer than 107 bytes");
       d.share.assign(v.via.str.ptr, v.via.str.size);
       // Only a kvnode share socket: a peer must not make us connect to just any abstract socket.
-      if (d.share.rfind(kShareNamePrefix, 0) != 0)
+      if (!d.share.starts_with(kShareNamePrefix))
         return field_error(key,
                            "not a kvnode pool share (" + std::string(kShareNamePrefix) + "...)");
     } else if (key == "share_token") {

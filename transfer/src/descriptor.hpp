@@ -7,11 +7,17 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "kvnode/common/result.hpp"
 #include "ucx_handles.hpp"
 
 namespace kvnode::transfer {
+
+// A pool share (pool_share.hpp): its token, and the prefix of every share socket's name (a
+// descriptor naming any other socket is refused: a peer must not make us dial just any one).
+using ShareToken = std::array<std::byte, 16>;
+inline constexpr std::string_view kShareNamePrefix = "kvnode-pool-";
 
 struct PeerDescriptor {
   std::string node;           // who this is, for logs (e.g. the peer_init_url)
@@ -28,10 +34,18 @@ struct PeerDescriptor {
   // Same-host moves (pool_share.hpp): the abstract socket where this pool is handed out and the
   // token a client proves itself with; empty when the pool is not offered.
   std::string share;
-  std::array<std::byte, 16> share_token{};
+  ShareToken share_token{};
   std::uint8_t pool_kind = 0;  // gpu::MemoryKind of the pool
   std::uint32_t device = 0;    // its CUDA device, for a device pool
 };
+
+// `d` without its pool share: for a descriptor going anywhere but to a same-host peer that
+// dialled us, which alone may learn where our pool is handed out and the token.
+inline PeerDescriptor without_share(PeerDescriptor d) {
+  d.share.clear();
+  d.share_token = {};
+  return d;
+}
 
 // A refusal sent in place of a descriptor; decode_descriptor reports it as an error.
 ucx::Bytes encode_refusal(const std::string& reason);

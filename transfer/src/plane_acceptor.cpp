@@ -30,12 +30,8 @@ ListenerAnswer TransferPlane::Impl::answer(const LinkBytes& hello, LinkId link) 
   watch((*session)->event_fd(), true);
   // Our pool's share goes only to a peer of this host: a hello from elsewhere does not learn
   // where it is handed out, nor the token.
-  PeerDescriptor ours = (*session)->local_descriptor(pool_descriptor_);
-  if (!same_host) {
-    ours.share.clear();
-    ours.share_token = {};
-  }
-  LinkBytes out = encode(ours);
+  const PeerDescriptor ours = (*session)->local_descriptor(pool_descriptor_);
+  LinkBytes out = encode(same_host ? ours : without_share(ours));
   acceptors_[link] = std::move(session).value();
   return {std::move(out), true};
 }

@@ -108,11 +108,12 @@ void TransferPlane::Impl::attach_mapping(MapResult r) {
   if (!r.mapping) {
     // Unreachable (another network namespace) or unusable here (a GPU this process does not
     // see) is how some hosts are: info. Anything else is worth a look.
-    const bool expected = r.code == ErrorCode::kPeerLost || r.code == ErrorCode::kRefused;
+    const ErrorCode code = r.mapping.error().code;
+    const bool expected = code == ErrorCode::kPeerLost || code == ErrorCode::kRefused;
     spdlog::log(expected ? spdlog::level::info : spdlog::level::warn,
                 "transfer plane: {} is on this host, but its pool could not be mapped ({}): "
                 "UCX moves its chunks",
-                r.peer, r.error);
+                r.peer, r.mapping.error().message);
     return;
   }
   const auto it = initiators_.find(r.peer);
@@ -120,9 +121,10 @@ void TransferPlane::Impl::attach_mapping(MapResult r) {
   if (it == initiators_.end() || !it->second->ready() ||
       it->second->remote().instance != r.instance)
     return;
+  std::shared_ptr<const PeerMapping> mapping = std::move(r.mapping).value();
   spdlog::info("transfer plane: moves with {} copy through its mapped pool ({})", r.peer,
-               r.mapping->transport);
-  it->second->attach(std::move(r.mapping));
+               mapping->transport);
+  it->second->attach(std::move(mapping));
 }
 
 }  // namespace kvnode::transfer

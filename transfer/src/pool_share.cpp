@@ -22,7 +22,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr char kNamePrefix[] = "kvnode-pool-";
 constexpr int kBacklog = 16;
 constexpr auto kClientDeadline = std::chrono::seconds(1);        // to send the request
 constexpr auto kAcceptBackoff = std::chrono::milliseconds(100);  // out of descriptors
@@ -260,7 +259,7 @@ Result<std::unique_ptr<PoolShareServer>> PoolShareServer::start(gpu::RegionExpor
       ::getrandom(s->token.data(), s->token.size(), 0) != static_cast<ssize_t>(s->token.size()))
     return failed("getrandom");
   static constexpr char kHex[] = "0123456789abcdef";
-  s->name = kNamePrefix;
+  s->name = kShareNamePrefix;
   for (const std::uint8_t b : id) s->name += {kHex[b >> 4], kHex[b & 0xf]};
   const auto addr = abstract_address(s->name);
   if (!addr) return addr.error();

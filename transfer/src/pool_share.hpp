@@ -19,13 +19,13 @@
 #include <memory>
 #include <string>
 
+#include "descriptor.hpp"
 #include "kvnode/common/result.hpp"
 #include "kvnode/gpu/region_share.hpp"
 
 namespace kvnode::transfer {
 
 inline constexpr std::uint16_t kShareVersion = 1;
-using ShareToken = std::array<std::byte, 16>;
 
 class PoolShareServer {
  public:

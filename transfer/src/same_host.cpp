@@ -70,41 +70,29 @@ void SameHostMapper::run() {
     MapRequest r = std::move(queue_.front());
     queue_.pop_front();
     lock.unlock();
-    MapResult result = map(r);
-    done_(std::move(result));
+    done_(MapResult{r.peer, r.instance, map(r)});
     lock.lock();
   }
 }
 
-MapResult SameHostMapper::map(const MapRequest& r) const {
-  MapResult out{r.peer, r.instance, nullptr, ErrorCode::kRefused, {}};
+Result<std::shared_ptr<const PeerMapping>> SameHostMapper::map(const MapRequest& r) const {
   gpu::CopyEngine* engine =
       r.decision.copy == SameHostCopy::kHostThreads ? host_engine_ : cuda_engine_;
-  if (r.decision.copy == SameHostCopy::kNone || !engine) {
-    out.error = r.decision.why.empty() ? "no copy engine for these pools" : r.decision.why;
-    return out;
-  }
+  if (r.decision.copy == SameHostCopy::kNone || !engine)
+    return make_error(ErrorCode::kRefused,
+                      r.decision.why.empty() ? "no copy engine for these pools" : r.decision.why);
   Result<gpu::RegionExport> fetched = fetch_pool_share(r.share, r.token, kFetchTimeout);
-  if (!fetched) {
-    out.code = fetched.error().code;
-    out.error = fetched.error().message;
-    return out;
-  }
-  out.code = ErrorCode::kInvalid;
-  if (fetched->kind != r.kind || fetched->bytes < r.pool_bytes) {
-    out.error = "the peer handed out a " + std::string(gpu::to_string(fetched->kind)) +
-                " region of " + std::to_string(fetched->bytes) + " bytes for a " +
-                std::string(gpu::to_string(r.kind)) + " pool of " + std::to_string(r.pool_bytes);
-    return out;
-  }
+  if (!fetched) return std::move(fetched).error();
+  if (fetched->kind != r.kind || fetched->bytes < r.pool_bytes)
+    return make_error(ErrorCode::kInvalid,
+                      "the peer handed out a " + std::string(gpu::to_string(fetched->kind)) +
+                          " region of " + std::to_string(fetched->bytes) + " bytes for a " +
+                          std::string(gpu::to_string(r.kind)) + " pool of " +
+                          std::to_string(r.pool_bytes));
   const auto t0 = std::chrono::steady_clock::now();
   Result<gpu::MappedRegion> region =
       gpu::MappedRegion::import(std::move(fetched).value(), r.decision.import);
-  if (!region) {
-    out.code = region.error().code;
-    out.error = region.error().message;
-    return out;
-  }
+  if (!region) return std::move(region).error();
   auto mapping = std::make_shared<PeerMapping>(
       PeerMapping{std::move(region).value(), engine,
                   r.kind == gpu::MemoryKind::kDevice ? "cuda-ipc" : "memfd"});
@@ -113,8 +101,7 @@ MapResult SameHostMapper::map(const MapRequest& r) const {
       r.peer, mapping->region.size() >> 20, engine->name(),
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
           .count());
-  out.mapping = std::move(mapping);
-  return out;
+  return std::shared_ptr<const PeerMapping>(std::move(mapping));
 }
 
 }  // namespace kvnode::transfer

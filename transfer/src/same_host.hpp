@@ -64,9 +64,8 @@ struct MapRequest {
 struct MapResult {
   std::string peer;
   std::uint64_t instance = 0;
-  std::shared_ptr<const PeerMapping> mapping;  // null when it failed
-  ErrorCode code = ErrorCode::kInternal;       // why not: kPeerLost (no socket to reach), ...
-  std::string error;
+  // Or why not: kPeerLost (no socket to reach), kRefused (nothing to copy with), ...
+  Result<std::shared_ptr<const PeerMapping>> mapping = make_error(ErrorCode::kInternal, "unset");
 };
 
 // One thread fetches and maps peers' pools away from the progress thread (a fetch waits on the
@@ -84,7 +83,7 @@ class SameHostMapper {
 
  private:
   void run();
-  MapResult map(const MapRequest& r) const;
+  Result<std::shared_ptr<const PeerMapping>> map(const MapRequest& r) const;
 
   std::function<void(MapResult)> done_;
   gpu::CopyEngine* host_engine_;

@@ -24,10 +24,7 @@ Result<std::unique_ptr<InitiatorSession>> InitiatorSession::create(
   if (!started) return started.error();
   // Our share is for peers that dial us (our welcome tells them): the one we dial maps nothing
   // of ours through this session.
-  PeerDescriptor hello = s->local_descriptor(pool_descriptor);
-  hello.share.clear();
-  hello.share_token = {};
-  s->hello_ = encode(hello);
+  s->hello_ = encode(without_share(s->local_descriptor(pool_descriptor)));
   return s;
 }
 

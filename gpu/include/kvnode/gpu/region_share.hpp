@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "kvnode/common/result.hpp"
 #include "kvnode/common/unique_fd.hpp"
@@ -70,5 +71,8 @@ class MappedRegion {
 // word of /sys/kernel/mm/transparent_hugepage/shmem_enabled: "never" (4 KiB pages), "advise" or
 // "always" (huge pages), ...; "unknown" where the file is missing. For kvctl doctor.
 std::string shmem_huge_pages_setting();
+// Whether that setting gives a memfd's pages huge pages (with MADV_HUGEPAGE, which succeeds on
+// shmem whatever it says): anything but "never", "deny" and "unknown".
+bool shmem_huge_pages_available(std::string_view setting = shmem_huge_pages_setting());
 
 }  // namespace kvnode::gpu
