@@ -30,14 +30,14 @@ if [[ ! -f build/build.ninja ]]; then
   args=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVNODE_BUILD_BENCH=ON)
   [[ -d "$ROOT/../shared" ]] && args+=(-DKVNODE_SHARED_DIR="$(cd "$ROOT/../shared" && pwd)")
   [[ -x /usr/bin/python3 ]] && args+=(-DPython3_EXECUTABLE=/usr/bin/python3)
-  cmake -S "$ROOT" -B build --no-warn-unused-cli "${args[@]}"
+  "${CMAKE:-cmake}" -S "$ROOT" -B build -Wno-unused-cli "${args[@]}"
 fi
 type="$(sed -n 's/^CMAKE_BUILD_TYPE:STRING=//p' build/CMakeCache.txt)"
 [[ "$type" == RelWithDebInfo ]] || echo "gpu-check: note: build/ is $type, not RelWithDebInfo"
 grep -q '^CMAKE_CUDA_COMPILER:.*nvcc' build/CMakeCache.txt ||
   echo "gpu-check: note: build/ was configured without nvcc: no copy kernel, GPU steps will fail"
 echo "== gpu-check: building ${TARGETS[*]} (build/, under /tmp/kvnode-build.lock)"
-flock /tmp/kvnode-build.lock cmake --build build --parallel "${KVNODE_BUILD_JOBS:-2}" \
+flock /tmp/kvnode-build.lock "${CMAKE:-cmake}" --build build --parallel "${KVNODE_BUILD_JOBS:-2}" \
   --target "${TARGETS[@]}" "${LIBRARIES[@]}"
 
 # --- bundle --------------------------------------------------------------------------------------
