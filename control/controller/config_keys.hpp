@@ -181,6 +181,15 @@ constexpr std::array kKeys{
         [](ControllerConfig& c, const RawValue& v) {
           return assign(c.hashing.chunk_size, parse_chunk_size(v));
         }},
+    Key{"hash_generation", "", "NAME",
+        [](const ControllerConfig& c) -> std::string {
+          return std::string(keys::hash_generation_name(c.hashing.generation));
+        },
+        "which LMCache releases' chunk hash /lookup computes: lmcache-0.5.6 (0.5.6 and later) or "
+        "legacy (before 0.5.6)",
+        [](ControllerConfig& c, const RawValue& v) {
+          return assign(c.hashing.generation, parse_hash_generation(v));
+        }},
     Key{"hash_init", "", "INT",
         [](const ControllerConfig& c) -> std::string { return wide_int_text(c.hashing.init_hash); },
         "h[-1] of the chunk-hash chain",
@@ -191,7 +200,8 @@ constexpr std::array kKeys{
         [](const ControllerConfig& c) -> std::string {
           return none_hash_text(c.hashing.none_hash);
         },
-        "hash(None) of the workers' Python: an integer, py312 or debian-py311",
+        "hash(None) of the workers' Python (legacy hash_generation): an integer, py312 or "
+        "debian-py311",
         [](ControllerConfig& c, const RawValue& v) {
           return assign(c.hashing.none_hash, parse_none_hash(v));
         }},

@@ -91,31 +91,10 @@ Result<std::size_t> parse_chunk_size(const RawValue& v) {
   return static_cast<std::size_t>(*n);
 }
 
-namespace {
-
-// An integer anywhere in [-2^63, 2^64-1], the range chunk hashes travel in.
-Result<wire::WideInt> parse_wide_int(const std::string& text) {
-  const bool negative = !text.empty() && text[0] == '-';
-  const char* end = text.data() + text.size();
-  std::uint64_t magnitude = 0;
-  const auto [ptr, ec] = std::from_chars(text.data() + (negative ? 1 : 0), end, magnitude);
-  constexpr auto kMaxNegativeMagnitude = static_cast<std::uint64_t>(INT64_MAX) + 1;
-  const bool parsed = ec == std::errc() && ptr == end;
-  if (ec == std::errc::result_out_of_range ||
-      (parsed && negative && magnitude > kMaxNegativeMagnitude))
-    return make_error("expected an integer, got " + single_quoted(text) + " (out of range)");
-  if (!parsed) return make_error("expected an integer, got " + single_quoted(text));
-  if (!negative) return wire::WideInt::from_unsigned(magnitude);
-  // Two's complement negation in unsigned arithmetic; the conversion is modular in C++20.
-  return wire::WideInt::from_signed(static_cast<std::int64_t>(~magnitude + 1));
-}
-
-}  // namespace
-
 Result<wire::WideInt> parse_hash_init(const RawValue& v) {
   auto text = scalar_text(v, "an integer");
   if (!text) return std::move(text).error();
-  return parse_wide_int(*text);
+  return keys::parse_wide_int(*text);
 }
 
 // hash(None) of the workers' interpreter: a number, or the name of a known interpreter.
@@ -125,9 +104,15 @@ Result<std::uint64_t> parse_none_hash(const RawValue& v) {
   if (!text) return std::move(text).error();
   if (*text == "py312") return std::uint64_t{keys::kNoneHashPython312};
   if (*text == "debian-py311") return std::uint64_t{keys::kNoneHashDebianPython3112};
-  auto n = parse_wide_int(*text);
+  auto n = keys::parse_wide_int(*text);
   if (!n) return make_error("expected " + std::string(kWhat) + ", got " + single_quoted(*text));
   return n->bits();  // CPython hashes are signed; the chain only uses the bits
+}
+
+Result<keys::HashGeneration> parse_hash_generation(const RawValue& v) {
+  auto text = scalar_text(v, "lmcache-0.5.6 or legacy");
+  if (!text) return std::move(text).error();
+  return keys::parse_hash_generation(*text);
 }
 
 Result<std::string> parse_string(const RawValue& v) {

@@ -44,6 +44,7 @@ Result<double> parse_number(const RawValue& v);
 Result<std::size_t> parse_chunk_size(const RawValue& v);
 Result<wire::WideInt> parse_hash_init(const RawValue& v);
 Result<std::uint64_t> parse_none_hash(const RawValue& v);
+Result<keys::HashGeneration> parse_hash_generation(const RawValue& v);
 Result<std::string> parse_string(const RawValue& v);
 Result<MonitorPorts> parse_monitor_ports(const RawValue& v);
 

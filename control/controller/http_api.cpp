@@ -40,10 +40,15 @@ Reply from_orch(const OrchReply& r) {
   return ok(j);
 }
 
-Json worker_infos_json(std::vector<wire::WorkerInfo> infos) {
-  // to_builtins of the reply message gives WorkerInfo exactly as msgspec's to_builtins does.
+// LMCache's WorkerInfoResponse: WorkerInfo's fields as msgspec's to_builtins gives them, then
+// key_count.
+Json worker_listing_json(std::vector<Registry::WorkerListing> listing) {
+  std::vector<wire::WorkerInfo> infos;
+  for (const Registry::WorkerListing& l : listing) infos.push_back(l.info);
   Json j = wire::to_builtins(wire::QueryWorkerInfoRetMsg{"", std::move(infos)});
-  return std::move(j["worker_infos"]);
+  Json out = std::move(j["worker_infos"]);
+  for (std::size_t i = 0; i < listing.size(); ++i) out[i]["key_count"] = listing[i].key_count;
+  return out;
 }
 
 std::string_view reason_of(int status) {
@@ -249,18 +254,19 @@ Reply HttpApi::Impl::workers(const httplib::Request& req) {
   }
   std::vector<std::int64_t> ids;
   if (worker_id) ids.push_back(*worker_id);
-  auto infos = registry.read(
-      [&](const Registry& r) { return r.worker_infos(instance.empty() ? "all" : instance, ids); });
+  auto infos = registry.read([&](const Registry& r) {
+    return r.worker_listing(instance.empty() ? "all" : instance, ids);
+  });
   if (!instance.empty() && worker_id) {
     if (infos.empty())
       return fail(404, "worker " + std::to_string(*worker_id) + " of instance '" + instance +
                            "' not found");
-    return ok(worker_infos_json(std::move(infos))[0]);
+    return ok(worker_listing_json(std::move(infos))[0]);
   }
   if (!instance.empty() && infos.empty()) return fail(404, "unknown instance '" + instance + "'");
   Json j = Json::object();
   j["total_count"] = infos.size();
-  j["workers"] = worker_infos_json(std::move(infos));
+  j["workers"] = worker_listing_json(std::move(infos));
   // FastAPI keeps the handler's key order: workers first.
   Json ordered = Json::object();
   ordered["workers"] = std::move(j["workers"]);

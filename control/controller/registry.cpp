@@ -332,30 +332,40 @@ std::optional<WorkerEndpoint> Registry::endpoint(std::string_view instance_id,
   return std::nullopt;
 }
 
-std::vector<wire::WorkerInfo> Registry::worker_infos(
+std::vector<Registry::WorkerListing> Registry::worker_listing(
     std::string_view instance_id, const std::vector<std::int64_t>& worker_ids) const {
-  std::vector<wire::WorkerInfo> out;
+  std::vector<WorkerListing> out;
   auto wanted = [&](std::int64_t id) {
     return worker_ids.empty() ||
            std::find(worker_ids.begin(), worker_ids.end(), id) != worker_ids.end();
   };
-  auto info = [](const State::Worker& w) {
-    return wire::WorkerInfo{
-        w.instance->id,      w.worker_id,          w.ip, w.port, w.peer_init_url,
-        w.registration_time, w.last_heartbeat_time};
+  auto listing = [this](const State::Worker& w) {
+    std::size_t keys = 0;
+    for (const auto& loc : w.locations) keys += s_->index.holder_size(loc->holder);
+    return WorkerListing{
+        wire::WorkerInfo{w.instance->id, w.worker_id, w.ip, w.port, w.peer_init_url,
+                         w.registration_time, w.last_heartbeat_time},
+        keys};
   };
   if (instance_id == "all") {
     for (const auto& inst : s_->instances)
       for (const auto& w : inst->workers)
-        if (wanted(w->worker_id)) out.push_back(info(*w));
+        if (wanted(w->worker_id)) out.push_back(listing(*w));
     return out;
   }
   if (const State::Instance* inst = s_->find_instance(instance_id)) {
     for (const auto& w : inst->workers)
-      if (wanted(w->worker_id)) out.push_back(info(*w));
+      if (wanted(w->worker_id)) out.push_back(listing(*w));
     std::sort(out.begin(), out.end(),
-              [](const auto& a, const auto& b) { return a.worker_id < b.worker_id; });
+              [](const auto& a, const auto& b) { return a.info.worker_id < b.info.worker_id; });
   }
+  return out;
+}
+
+std::vector<wire::WorkerInfo> Registry::worker_infos(
+    std::string_view instance_id, const std::vector<std::int64_t>& worker_ids) const {
+  std::vector<wire::WorkerInfo> out;
+  for (WorkerListing& l : worker_listing(instance_id, worker_ids)) out.push_back(std::move(l.info));
   return out;
 }
 

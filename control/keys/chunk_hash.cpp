@@ -1,5 +1,8 @@
 #include "kvnode/keys/chunk_hash.hpp"
 
+#include <charconv>
+#include <string>
+
 namespace kvnode::keys {
 namespace {
 
@@ -23,6 +26,44 @@ inline std::int64_t hash_token(std::int64_t t) {
 Status validate(const ChunkHashConfig& cfg) {
   if (cfg.chunk_size == 0) return make_error("chunk_size must be at least 1");
   return {};
+}
+
+namespace {
+constexpr std::string_view kLmcache056Name = "lmcache-0.5.6";
+constexpr std::string_view kLegacyName = "legacy";
+}  // namespace
+
+std::string_view hash_generation_name(HashGeneration generation) {
+  return generation == HashGeneration::kLegacy ? kLegacyName : kLmcache056Name;
+}
+
+std::string_view hash_generation_choices() {
+  return "lmcache-0.5.6 (LMCache 0.5.6 and later) or legacy (LMCache before 0.5.6)";
+}
+
+Result<HashGeneration> parse_hash_generation(std::string_view text) {
+  if (text == kLmcache056Name) return HashGeneration::kLmcache056;
+  if (text == kLegacyName) return HashGeneration::kLegacy;
+  return make_error(ErrorCode::kInvalid, "expected " + std::string(hash_generation_choices()) +
+                                             ", got '" + std::string(text) + "'");
+}
+
+Result<wire::WideInt> parse_wide_int(std::string_view text) {
+  const bool negative = !text.empty() && text.front() == '-';
+  const char* end = text.data() + text.size();
+  std::uint64_t magnitude = 0;
+  const auto [ptr, ec] = std::from_chars(text.data() + (negative ? 1 : 0), end, magnitude);
+  constexpr auto kMaxNegativeMagnitude = static_cast<std::uint64_t>(INT64_MAX) + 1;
+  const bool parsed = ec == std::errc() && ptr == end;
+  if (ec == std::errc::result_out_of_range ||
+      (parsed && negative && magnitude > kMaxNegativeMagnitude))
+    return make_error(ErrorCode::kInvalid,
+                      "expected an integer, got '" + std::string(text) + "' (out of range)");
+  if (!parsed)
+    return make_error(ErrorCode::kInvalid, "expected an integer, got '" + std::string(text) + "'");
+  if (!negative) return wire::WideInt::from_unsigned(magnitude);
+  // Two's complement negation in unsigned arithmetic; the conversion is modular in C++20.
+  return wire::WideInt::from_signed(static_cast<std::int64_t>(~magnitude + 1));
 }
 
 std::int64_t python_hash_int(wire::WideInt x) {
@@ -65,7 +106,9 @@ Result<std::vector<wire::ChunkHash>> chunk_hashes(std::span<const std::int64_t> 
   std::vector<wire::ChunkHash> out;
   out.reserve(count);
 
-  const auto none_hash = static_cast<std::int64_t>(cfg.none_hash);
+  const std::int64_t extra = cfg.generation == HashGeneration::kLegacy
+                                 ? static_cast<std::int64_t>(cfg.none_hash)
+                                 : kEmptyTupleHash;
   // The chain feeds hash(h[i-1]) into the next key, not h[i-1] itself (they differ beyond M).
   std::int64_t prev = python_hash_int(cfg.init_hash);
   for (std::size_t i = 0; i < count; ++i) {
@@ -75,7 +118,7 @@ Result<std::vector<wire::ChunkHash>> chunk_hashes(std::span<const std::int64_t> 
     TupleHasher key;
     key.add(prev);
     key.add(chunk.finish());
-    key.add(none_hash);
+    key.add(extra);
     const std::int64_t h = key.finish();
     out.emplace_back(h);
     prev = python_hash_int(h);

@@ -84,6 +84,13 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const NodeConfig& c) {
   });
   EngineOptions eo;
   eo.hashing.chunk_size = c.chunk_size;
+  eo.hashing.save_unfull_chunk = c.save_unfull_chunk;
+  eo.hashing.generation = *keys::parse_hash_generation(c.hash_generation);  // validated
+  eo.hashing.init_hash = *keys::parse_wide_int(c.hash_init);
+  spdlog::info(
+      "kvnode: chunk hashes of {} (init hash {}), {} tokens a chunk, partial last chunk {}",
+      keys::hash_generation_name(eo.hashing.generation), c.hash_init, c.chunk_size,
+      c.save_unfull_chunk ? "kept" : "dropped");
   p->engine.emplace(*p->store, eo);
   // Peers' asks are answered from the plane's first moment, so the service comes first; the
   // moves need the plane, the control handler both.

@@ -14,6 +14,7 @@
 #include "kvnode/common/nearest_name.hpp"
 #include "kvnode/controller/yaml_file.hpp"
 #include "kvnode/gpu/kv_shape.hpp"
+#include "kvnode/keys/chunk_hash.hpp"
 #include "kvnode/transfer/device_path.hpp"
 #include "kvnode/transfer/plane.hpp"
 #include "lmcache_keys.hpp"
@@ -23,7 +24,9 @@ namespace {
 
 template <class T>
 std::string expected_type() {
-  if constexpr (std::is_same_v<T, std::string>)
+  if constexpr (std::is_same_v<T, bool>)
+    return "true or false";
+  else if constexpr (std::is_same_v<T, std::string>)
     return "a string";
   else if constexpr (std::is_same_v<T, std::vector<int>>)
     return "a list of integers, one integer or \"a,b\"";
@@ -129,6 +132,8 @@ class Settings {
     CLI::Option* option = app_.add_option(flag, field, described + ")");
     if constexpr (std::is_same_v<T, std::vector<int>>)
       option->delimiter(',');  // --worker-ports 8500,8501 as well as two values
+    else if constexpr (std::is_same_v<T, bool>)
+      option->default_str(field ? "true" : "false");  // as YAML and LMCache spell it, not 1/0
     else
       option->capture_default_str();
     all_.push_back({key, std::move(aliases), option,
@@ -167,6 +172,13 @@ void add_settings(Settings& s, NodeConfig& c, UcxText& ucx) {
   s.add("--chunk-size", "chunk_size", c.chunk_size, "tokens per chunk");
   s.add("--max-local-cpu-size", "max_local_cpu_size", c.max_local_cpu_size,
         "GB (10^9 bytes) of chunk memory");
+  s.add("--save-unfull-chunk", "save_unfull_chunk", c.save_unfull_chunk,
+        "keep a put's last partial chunk (LMCache 0.5.6's engine: false)");
+  // Shared with kvcontroller.
+  s.add("--hash-generation", "hash_generation", c.hash_generation,
+        "chunk hash of " + std::string(keys::hash_generation_choices()));
+  s.add("--hash-init", "hash_init", c.hash_init,
+        "h[-1] of the chunk-hash chain (LMCache's NONE_HASH)");
   // kvnode's own.
   s.add("--worker-id", "kvnode_worker_id", c.worker_id, "the TP rank served");
   s.add("--chunk-bytes", "kvnode_chunk_bytes", c.chunk_bytes,
@@ -271,6 +283,10 @@ Status validate(const NodeConfig& c) {
     return make_error(
         "controller_pull_url and controller_reply_url are required (flags or --config)");
   if (c.chunk_size == 0) return make_error("chunk_size: must be at least 1");
+  if (Result<keys::HashGeneration> g = keys::parse_hash_generation(c.hash_generation); !g)
+    return make_error(ErrorCode::kInvalid, "hash_generation: " + g.error().message);
+  if (Result<wire::WideInt> h = keys::parse_wide_int(c.hash_init); !h)
+    return make_error(ErrorCode::kInvalid, "hash_init: " + h.error().message);
   if (c.max_local_cpu_size <= 0) return make_error("max_local_cpu_size: must be positive (GB)");
   if (c.worker_id < 0) return make_error("kvnode_worker_id: must not be negative");
   auto port_of = [&](const std::vector<int>& ports, const char* key) -> Status {

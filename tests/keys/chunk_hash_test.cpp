@@ -45,8 +45,15 @@ std::vector<WideInt> hash_or_die(std::span<const std::int64_t> tokens, const Chu
   return r.ok() ? std::move(r).value() : std::vector<WideInt>{};
 }
 
-ChunkHashConfig debian311() {
+// The chain of LMCache releases before 0.5.6: (prefix, tokens, None).
+ChunkHashConfig legacy() {
   ChunkHashConfig cfg;
+  cfg.generation = HashGeneration::kLegacy;
+  return cfg;
+}
+
+ChunkHashConfig debian311() {
+  ChunkHashConfig cfg = legacy();
   cfg.none_hash = kNoneHashDebianPython3112;
   return cfg;
 }
@@ -95,17 +102,69 @@ TEST(PythonHashTuple, StreamingMatchesSpan) {
   EXPECT_EQ(h.finish(), python_hash_tuple(tokens));
 }
 
-TEST(ChunkHashes, ReferenceTablePython312) {
+// LMCache 0.5.6's chain, the default: (prefix, tokens, ()), values from CPython 3.11.
+TEST(ChunkHashes, ReferenceTableLmcache056) {
+  EXPECT_EQ(python_hash_tuple({}), kEmptyTupleHash);
   const auto t600 = iota_tokens(0, 599);
   EXPECT_EQ(hash_or_die(t600, {}),
-            wide({-7693565463539782743, 2055708856580048389, -1455558097904284410}));
+            wide({3131758554629441992, 8783757053568497755, 4356085038892181893}));
   const std::int64_t t123[] = {1, 2, 3};
-  EXPECT_EQ(hash_or_die(t123, {}), wide({8373755996035033071}));
+  EXPECT_EQ(hash_or_die(t123, {}), wide({7754693342585032853}));
   const auto t1124 = iota_tokens(1000, 2123);
   EXPECT_EQ(hash_or_die(t1124, {}),
+            wide({-9006915360733114755, 6249281391258955993, -2988454140027074458,
+                  3938654595164371996, -7343215894093276482}));
+  ChunkHashConfig minus_one;
+  minus_one.init_hash = -1;
+  EXPECT_EQ(hash_or_die(t123, minus_one), wide({592499971835444413}));
+  ChunkHashConfig full_only;
+  full_only.save_unfull_chunk = false;
+  EXPECT_EQ(hash_or_die(t600, full_only), wide({3131758554629441992, 8783757053568497755}));
+  ChunkHashConfig wide_init;
+  wide_init.init_hash = WideInt::from_unsigned(kUint64Max);
+  EXPECT_EQ(hash_or_die(t600, wide_init),
+            wide({-6633760221003471069, -7769800864305313117, 5409724361975557894}));
+  // none_hash is the legacy chain's alone.
+  ChunkHashConfig other_none;
+  other_none.none_hash = 12345;
+  EXPECT_EQ(hash_or_die(t123, other_none), wide({7754693342585032853}));
+}
+
+TEST(HashGeneration, NamesRoundTripAndOthersAreRefused) {
+  for (const HashGeneration g : {HashGeneration::kLmcache056, HashGeneration::kLegacy}) {
+    auto parsed = parse_hash_generation(hash_generation_name(g));
+    ASSERT_TRUE(parsed.ok());
+    EXPECT_EQ(*parsed, g);
+  }
+  EXPECT_EQ(hash_generation_name(HashGeneration::kLmcache056), "lmcache-0.5.6");
+  auto bad = parse_hash_generation("0.5.6");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().code, ErrorCode::kInvalid);
+  EXPECT_NE(bad.error().message.find("lmcache-0.5.6"), std::string::npos) << bad.error().message;
+}
+
+TEST(ParseWideInt, WholeRangeAndClearRefusals) {
+  EXPECT_EQ(*parse_wide_int("0"), WideInt(0));
+  EXPECT_EQ(*parse_wide_int("-9223372036854775808"), WideInt(kInt64Min));
+  EXPECT_EQ(*parse_wide_int("18446744073709551615"), WideInt::from_unsigned(kUint64Max));
+  for (const char* bad :
+       {"", "-", "1.5", "0x10", "18446744073709551616", "-9223372036854775809", " 1"}) {
+    auto r = parse_wide_int(bad);
+    EXPECT_FALSE(r.ok()) << bad;
+  }
+}
+
+TEST(ChunkHashes, ReferenceTablePython312) {
+  const auto t600 = iota_tokens(0, 599);
+  EXPECT_EQ(hash_or_die(t600, legacy()),
+            wide({-7693565463539782743, 2055708856580048389, -1455558097904284410}));
+  const std::int64_t t123[] = {1, 2, 3};
+  EXPECT_EQ(hash_or_die(t123, legacy()), wide({8373755996035033071}));
+  const auto t1124 = iota_tokens(1000, 2123);
+  EXPECT_EQ(hash_or_die(t1124, legacy()),
             wide({-1385495305192787874, -3440327253504673428, 8117490385210471792,
                   -3398586315300791726, -1318209813381188320}));
-  ChunkHashConfig minus_one;
+  ChunkHashConfig minus_one = legacy();
   minus_one.init_hash = -1;
   EXPECT_EQ(hash_or_die(t123, minus_one), wide({-3186794757698923497}));
 }
@@ -123,8 +182,8 @@ TEST(ChunkHashes, ReferenceTableDebianPython311) {
 }
 
 TEST(ChunkHashes, TokensAndInitOutsideTheIdentityRange) {
-  // Computed by CPython 3.11 in one process whose hash(None) was 8788019534782.
-  ChunkHashConfig cfg;
+  // Computed by CPython 3.11 in one process whose hash(None) was 8788019534782 (legacy chain).
+  ChunkHashConfig cfg = legacy();
   cfg.chunk_size = 3;
   cfg.none_hash = 8788019534782;
   const std::int64_t tokens[] = {-1, -2, kInt64Max, kInt64Min, kM, kM + 5, 7};
@@ -133,6 +192,14 @@ TEST(ChunkHashes, TokensAndInitOutsideTheIdentityRange) {
   cfg.init_hash = kInt64Min;
   EXPECT_EQ(hash_or_die(tokens, cfg),
             wide({930828959189736622, -406112223503518485, 5752726058800932145}));
+  // LMCache 0.5.6's chain (CPython 3.11, any process: hash(()) is a constant).
+  ChunkHashConfig current;
+  current.chunk_size = 3;
+  EXPECT_EQ(hash_or_die(tokens, current),
+            wide({-6188743781959087178, 8385845831416103440, -7052347682173103881}));
+  current.init_hash = kInt64Min;
+  EXPECT_EQ(hash_or_die(tokens, current),
+            wide({2362111224380604753, 4481291054898770604, -6021518446168597309}));
 }
 
 TEST(ChunkHashes, InitHashIsReducedThroughHashInt) {
@@ -209,6 +276,7 @@ std::optional<WideInt> json_wide(const nlohmann::json& j) {
   return std::nullopt;
 }
 
+// The vectors were taken from LMCache releases before 0.5.6: the legacy chain.
 TEST(ChunkHashVectors, AllCasesMatchCPython312) {
   const std::filesystem::path path =
       std::filesystem::path(KVNODE_SHARED_DIR) / "conformance" / "chunk_hash_vectors.json";
@@ -229,7 +297,7 @@ TEST(ChunkHashVectors, AllCasesMatchCPython312) {
       ASSERT_TRUE(w && w->as_int64()) << "token " << t.dump() << " is not an int64";
       tokens.push_back(*w->as_int64());
     }
-    ChunkHashConfig cfg;
+    ChunkHashConfig cfg = legacy();
     cfg.chunk_size = c.at("chunk_size").get<std::size_t>();
     cfg.save_unfull_chunk = c.at("save_unfull_chunk").get<bool>();
     const auto init = json_wide(c.at("init_hash"));

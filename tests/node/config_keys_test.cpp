@@ -77,7 +77,9 @@ lmcache_instance_id: full
 
 TEST(NodeConfigKeys, EverySettingHasAKeyAndAFlag) {
   const std::vector<SettingName> settings = node_settings();
-  ASSERT_EQ(settings.size(), 29u) << "9 LMCache keys and 20 kvnode_* keys";
+  ASSERT_EQ(settings.size(), 32u)
+      << "10 LMCache keys, 2 shared with kvcontroller (hash_generation, hash_init) and 20 kvnode_* "
+         "keys";
   for (const SettingName& s : settings) {
     EXPECT_FALSE(s.key.empty());
     EXPECT_EQ(s.flag.rfind("--", 0), 0u) << s.key << ": " << s.flag;

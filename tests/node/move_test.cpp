@@ -319,7 +319,7 @@ TEST(Kvctl, DrivesTheControllerAsAnOrchestratorDoes) {
   EXPECT_NE(out.find("'x' is not an integer"), std::string::npos) << out;
   out = run_kvctl({KVCTL_PATH, "workers", "--controller", "127.0.0.1:1"}, &code);
   EXPECT_EQ(code, 1);
-  EXPECT_NE(out.find("no answer from the controller"), std::string::npos) << out;
+  EXPECT_NE(out.find("cannot connect to the controller at 127.0.0.1:1"), std::string::npos) << out;
 }
 
 }  // namespace

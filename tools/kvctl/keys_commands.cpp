@@ -76,6 +76,7 @@ struct HashOptions {
   std::size_t chunk_size = 256;
   std::string init_hash = "0";
   std::string none_hash;
+  std::string generation = "lmcache-0.5.6";
   bool no_unfull = false;
 };
 
@@ -118,6 +119,15 @@ kvnode::Result<HashRequest> parse_request(const std::string& line,
         return kvnode::make_error("\"save_unfull_chunk\" must be true or false, got " +
                                   dump(value));
       req.cfg.save_unfull_chunk = value.get<bool>();
+    } else if (name == "hash_generation") {
+      auto generation = value.is_string()
+                            ? kvnode::keys::parse_hash_generation(value.get<std::string>())
+                            : kvnode::Result<kvnode::keys::HashGeneration>(kvnode::make_error(
+                                  kvnode::ErrorCode::kInvalid, "got " + dump(value)));
+      if (!generation)
+        return kvnode::make_error(kvnode::ErrorCode::kInvalid,
+                                  "\"hash_generation\": " + generation.error().message);
+      req.cfg.generation = *generation;
     } else if (name == "init_hash" || name == "none_hash") {
       const auto v = json_to_wide(value);
       if (!v)
@@ -199,6 +209,9 @@ void run_hash(const HashOptions& o) {
   cfg.save_unfull_chunk = !o.no_unfull;
   cfg.init_hash = wide_option(o.init_hash, "--init-hash");
   if (!o.none_hash.empty()) cfg.none_hash = wide_option(o.none_hash, "--none-hash").bits();
+  auto generation = kvnode::keys::parse_hash_generation(o.generation);
+  if (!generation) fail("hash --hash-generation: " + generation.error().message);
+  cfg.generation = *generation;
   if (auto s = kvnode::keys::validate(cfg); !s) fail("hash: " + s.error().message);
 
   if (!o.json_lines.empty()) {
@@ -215,11 +228,12 @@ void run_hash(const HashOptions& o) {
 
 void add_hash(CLI::App& keys) {
   auto o = std::make_shared<HashOptions>();
-  auto* cmd = keys.add_subcommand(
-      "hash", "Chunk-hash chain of token lists (LMCache builtin hash, CPython >= 3.12)");
+  auto* cmd =
+      keys.add_subcommand("hash", "Chunk-hash chain of token lists (LMCache's builtin hash)");
   auto* jl = cmd->add_option("--json-lines", o->json_lines,
                              "File ('-' = stdin) of {\"tokens\":[...],\"chunk_size\":N,"
-                             "\"save_unfull_chunk\":B,\"init_hash\":H,\"none_hash\":H} lines; "
+                             "\"save_unfull_chunk\":B,\"init_hash\":H,\"hash_generation\":G,"
+                             "\"none_hash\":H} lines; "
                              "prints one JSON array of hashes per line");
   auto* tk =
       cmd->add_option("--tokens", o->tokens, "Comma-separated token ids; prints one hash per line");
@@ -227,9 +241,13 @@ void add_hash(CLI::App& keys) {
   cmd->add_option("--chunk-size", o->chunk_size, "Tokens per chunk (default for JSON lines too)")
       ->capture_default_str();
   cmd->add_option("--init-hash", o->init_hash, "h[-1], LMCache's NONE_HASH")->capture_default_str();
+  cmd->add_option(
+         "--hash-generation", o->generation,
+         std::string(kvnode::keys::hash_generation_choices()) + " (default for JSON lines too)")
+      ->capture_default_str();
   cmd->add_option("--none-hash", o->none_hash,
-                  "hash(None) of the workers' interpreter (default 4238894112, CPython >= 3.12; "
-                  "Debian's python3.11.2: 612812)");
+                  "legacy generation: hash(None) of the workers' interpreter (default 4238894112, "
+                  "CPython >= 3.12; Debian's python3.11.2: 612812)");
   cmd->add_flag("--no-unfull", o->no_unfull, "Do not hash the last partial chunk");
   cmd->callback([o, jl, tk] {
     if (jl->count() == 0 && tk->count() == 0) fail("hash: give --json-lines FILE or --tokens LIST");

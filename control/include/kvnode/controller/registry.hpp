@@ -138,6 +138,14 @@ class Registry {
   // order, an instance's workers sorted by id.
   std::vector<wire::WorkerInfo> worker_infos(std::string_view instance_id,
                                              const std::vector<std::int64_t>& worker_ids) const;
+  // The same workers with the keys each holds over all its locations (LMCache's key_count in
+  // GET /controller/workers).
+  struct WorkerListing {
+    wire::WorkerInfo info;
+    std::size_t key_count = 0;
+  };
+  std::vector<WorkerListing> worker_listing(std::string_view instance_id,
+                                            const std::vector<std::int64_t>& worker_ids) const;
 
   // ---- housekeeping ----
   // Removes workers that heartbeated before but not within worker_timeout; returns them.

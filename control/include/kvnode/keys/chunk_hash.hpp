@@ -3,15 +3,17 @@
 // with it, so it is allocation-free apart from the output vector.
 //
 //   h[-1] = init_hash
-//   h[i]  = hash((h[i-1], tuple(tokens[i*c:(i+1)*c]), None))
+//   h[i]  = hash((h[i-1], tuple(tokens[i*c:(i+1)*c]), extra))
 //
-// hash(None) is the one interpreter-dependent input: ChunkHashConfig::none_hash makes it
-// pluggable (§5.5, defect D14).
+// extra is what the LMCache release puts third (HashGeneration): () from 0.5.6 on (its token
+// database passes `tuple(extra_keys) if extra_keys is not None else ()`), None before. hash(None)
+// is interpreter-dependent: ChunkHashConfig::none_hash makes it pluggable (§5.5, defect D14).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "kvnode/common/result.hpp"
@@ -25,15 +27,36 @@ inline constexpr std::uint64_t kNoneHashPython312 = 0xFCA86420;
 // that build happens to fix. A controller serving workers on that interpreter sets this.
 inline constexpr std::uint64_t kNoneHashDebianPython3112 = 612812;
 
+// hash(()): the third element of every key from LMCache 0.5.6 on (the same on every CPython
+// >= 3.8).
+inline constexpr std::int64_t kEmptyTupleHash = 5740354900026072187;
+
+// Which LMCache releases' chain: the third element of each chunk's key tuple.
+enum class HashGeneration {
+  kLmcache056,  // LMCache 0.5.6 and later: (prefix, tokens, ()) -- the default
+  kLegacy,      // releases before 0.5.6: (prefix, tokens, None), hash(None) = none_hash
+};
+
+// The setting's spellings ("lmcache-0.5.6", "legacy"), shared by every flag and key that names it.
+std::string_view hash_generation_name(HashGeneration generation);
+Result<HashGeneration> parse_hash_generation(std::string_view text);
+// Both names, for help texts: "lmcache-0.5.6 (default) or legacy (LMCache before 0.5.6)".
+std::string_view hash_generation_choices();
+
 struct ChunkHashConfig {
   std::size_t chunk_size = 256;   // tokens per chunk; must be > 0
   wire::WideInt init_hash = 0;    // h[-1]: LMCache's NONE_HASH (0 unless vLLM's is importable)
   bool save_unfull_chunk = true;  // hash the last partial chunk (the controller keeps it)
-  std::uint64_t none_hash = kNoneHashPython312;  // hash(None) of the workers' interpreter
+  HashGeneration generation = HashGeneration::kLmcache056;
+  std::uint64_t none_hash = kNoneHashPython312;  // hash(None) of the workers' interpreter (legacy)
 };
 
 // Rejects what chunk_hashes() cannot hash (chunk_size 0).
 Status validate(const ChunkHashConfig& cfg);
+
+// A decimal integer in [-2^63, 2^64-1] (the range hashes and init hashes travel in), as typed in
+// a flag, a YAML value or a JSON string.
+Result<wire::WideInt> parse_wide_int(std::string_view text);
 
 // CPython's hash(int) for any x in WideInt's range: sign(x) * (|x| mod (2^61-1)), -1 -> -2.
 std::int64_t python_hash_int(wire::WideInt x);

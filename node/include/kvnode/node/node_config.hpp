@@ -27,6 +27,13 @@ struct NodeConfig {
   std::vector<int> p2p_init_ports;  // transfer plane port of rank i; empty: a free port
   std::size_t chunk_size = 256;     // tokens per chunk
   double max_local_cpu_size = 1.0;  // GB of chunk memory
+  // Whether a put's last partial chunk is kept. kvnode keeps it (LMCache's controller hashes it
+  // too); LMCache 0.5.6's engine defaults to false.
+  bool save_unfull_chunk = true;
+
+  // Shared with kvcontroller (same keys): how tokens become chunk hashes.
+  std::string hash_generation = "lmcache-0.5.6";  // or "legacy" (LMCache before 0.5.6)
+  std::string hash_init = "0";                    // h[-1], in [-2^63, 2^64-1]
 
   // kvnode's own.
   std::int64_t worker_id = 0;   // the TP rank this process serves

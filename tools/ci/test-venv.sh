@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# tools/ci/test-venv.sh: builds (when absent) the Python venv of the tests that run real LMCache
+# 0.5.6 (tests/lmcache) and prints its path on the last line of stdout; progress goes to stderr.
+#
+#   venv="$(tools/ci/test-venv.sh | tail -n1)"   # then: cmake -DKVNODE_TEST_VENV="$venv" ...
+#
+# The venv is tests/venv/requirements.txt (every package pinned, installed with --no-deps, so pip
+# resolves nothing) under tests/venv/constraints.txt (torch 2.13.0: the CPU wheel in /opt/wheels,
+# never PyPI's CUDA build). It lives outside the checkout, so fresh clones reuse it:
+#   ${XDG_CACHE_HOME:-$HOME/.cache}/kvnode/test-venv-<16 hex>
+# the hex being the start of the sha256 over requirements.txt, constraints.txt and the Python
+# version: any change to them builds a new venv. A build happens in a temporary sibling folder
+# and is renamed into place only after the install and an import check (lmcache, torch, pytest)
+# succeeded, so an interrupted build is never reused. At most 2 test-venv-* folders are kept
+# (this one and the most recently used other one). Builds are serialised by a lock file.
+#
+# Python: the python3 on PATH (pyenv's CPython 3.11.7 here), or $KVNODE_TEST_PYTHON.
+# Cold build here (2 cores, PyPI reachable, pip's download cache empty): 73 s (107 s with a C++
+# build beside it), 1.4 GB (torch 0.75 GB, llvmlite 0.17, transformers 0.13, lmcache 0.09).
+# A reused venv: 0.3 s.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+REQUIREMENTS="$ROOT/tests/venv/requirements.txt"
+CONSTRAINTS="$ROOT/tests/venv/constraints.txt"
+PYTHON="${KVNODE_TEST_PYTHON:-python3}"
+KEEP=2
+
+say() { echo "test-venv: $*" >&2; }
+die() { say "$*"; exit 1; }
+
+[[ -f "$REQUIREMENTS" && -f "$CONSTRAINTS" ]] || die "missing $REQUIREMENTS or $CONSTRAINTS"
+command -v "$PYTHON" >/dev/null || die "no $PYTHON on PATH"
+probe='import platform as p; print(p.python_implementation(), p.python_version())'
+version="$("$PYTHON" -c "$probe")" || die "$PYTHON does not run"
+key="$({ cat "$REQUIREMENTS" "$CONSTRAINTS"; echo "$version"; } | sha256sum | cut -c1-16)"
+cache="${XDG_CACHE_HOME:-$HOME/.cache}/kvnode"
+venv="$cache/test-venv-$key"
+mkdir -p "$cache"
+
+# LMCache runs in the import check: no usage report (it would try to send one), no banner.
+export LMCACHE_TRACK_USAGE=false LMCACHE_DISABLE_BANNER=1 PYTHONDONTWRITEBYTECODE=1
+
+# Keeps $venv and the most recently used other venv; removes every older one. Run under the lock.
+prune() {
+  local old
+  find "$cache" -mindepth 1 -maxdepth 1 -type d -name 'test-venv-*' -printf '%T@ %p\n' |
+    sort -rn | cut -d' ' -f2- | { grep -vxF "$venv" || true; } | tail -n +"$KEEP" |
+    while read -r old; do
+      say "removing $old (no longer needed)"
+      rm -rf -- "$old" "$old.log"
+    done
+}
+
+exec 9>"$cache/test-venv.lock"
+if ! flock -w 1800 9; then die "another build held $cache/test-venv.lock for 30 minutes"; fi
+
+# A build left by an interrupted run (we hold the lock: nobody else builds now).
+rm -rf -- "$cache"/.test-venv-*.building
+
+if [[ -x "$venv/bin/python" ]]; then
+  touch "$venv"  # most recently used: prune keeps it
+  prune
+  echo "$venv"
+  exit 0
+fi
+
+say "building $venv ($version; log: $cache/test-venv-$key.log)"
+start=$SECONDS
+tmp="$cache/.test-venv-$key.$$.building"
+trap 'rm -rf -- "$tmp"' EXIT
+log="$cache/test-venv-$key.log"
+: >"$log"
+if ! "$PYTHON" -m venv --prompt "test-venv-$key" "$tmp" >>"$log" 2>&1; then
+  tail -n 20 "$log" >&2
+  die "python -m venv failed (log: $log)"
+fi
+# --only-binary: nothing is built from source (no build dependency would be resolved either).
+if ! "$tmp/bin/python" -m pip install --no-deps --no-input --disable-pip-version-check \
+    --only-binary=:all: -r "$REQUIREMENTS" -c "$CONSTRAINTS" >>"$log" 2>&1; then
+  tail -n 30 "$log" >&2
+  die "pip install failed (log: $log)"
+fi
+torch_version="$("$tmp/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))')"
+[[ "$torch_version" == 2.13.0+cpu ]] || die "torch $torch_version installed, expected 2.13.0+cpu"
+if ! "$tmp/bin/python" -c 'import lmcache, torch, pytest' >>"$log" 2>&1; then
+  tail -n 30 "$log" >&2
+  die "the import check failed (log: $log)"
+fi
+
+# A venv names its own path in its scripts and activate files: point them at the final place.
+grep -rlF --null "$tmp" "$tmp/bin" "$tmp/pyvenv.cfg" 2>/dev/null |
+  xargs -0 -r sed -i "s|$tmp|$venv|g"
+rm -rf -- "$venv"  # a folder there without bin/python is no venv of ours
+mv -T -- "$tmp" "$venv"
+trap - EXIT
+say "built in $((SECONDS - start)) s, $(du -sh "$venv" | cut -f1)"
+prune
+echo "$venv"
