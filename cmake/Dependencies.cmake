@@ -1,6 +1,8 @@
 # Every dependency comes from a Debian 12 package, found through find_package or pkg-config.
-find_package(Threads REQUIRED)
-find_package(nlohmann_json 3.10 REQUIRED)
+if(NOT KVNODE_PYTHON_PACKAGE)  # the client library (the Python wheel's) needs msgpack alone
+  find_package(Threads REQUIRED)
+  find_package(nlohmann_json 3.10 REQUIRED)
+endif()
 
 # msgpack-cxx's CMake target drags in Boost; the headers alone need none with MSGPACK_NO_BOOST.
 find_path(MSGPACK_INCLUDE_DIR msgpack.hpp REQUIRED)
@@ -9,7 +11,7 @@ target_include_directories(kvnode_msgpack SYSTEM INTERFACE ${MSGPACK_INCLUDE_DIR
 target_compile_definitions(kvnode_msgpack INTERFACE MSGPACK_NO_BOOST MSGPACK_DEFAULT_API_VERSION=3)
 add_library(kvnode::msgpack ALIAS kvnode_msgpack)
 
-if(KVNODE_FUZZ)
+if(KVNODE_FUZZ OR KVNODE_PYTHON_PACKAGE)
   return()
 endif()
 

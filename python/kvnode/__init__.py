@@ -1,9 +1,10 @@
 """kvnode: drive the kvnode daemon on this host from Python (vLLM, SGLang, LMCache engines).
 
-A pure-Python package over libkvnode_client.so (the C API, ``kvnode_client.h``) through ctypes:
-nothing to compile. An engine connects to its node's local socket, registers its paged KV cache
-once, then stores and loads by block table; the node copies between the engine's blocks and its
-pool in place (host memory through a shared memfd, GPU memory through CUDA IPC)::
+Python over libkvnode_client.so (the C API, ``kvnode_client.h``) through ctypes; the installed
+package ships the library (``pip install ./python`` compiles it). An engine connects to its
+node's local socket, registers its paged KV cache once, then stores and loads by block table;
+the node copies between the engine's blocks and its pool in place (host memory through a shared
+memfd, GPU memory through CUDA IPC)::
 
     import kvnode
 

@@ -5,9 +5,12 @@ every function gets argtypes and restype. The library is found lazily, at the fi
 needs it, so ``import kvnode`` works without it:
 
 1. ``$KVNODE_CLIENT_LIB`` (a path to the library, or to the folder holding it; when set, the
-   only place tried);
-2. ``ctypes.util.find_library("kvnode_client")`` (an installed library: ldconfig, LD_LIBRARY_PATH);
-3. the build tree next to this source tree (``build/client/``, ``build/lib/``, ``build/``).
+   only place tried: an explicit override, e.g. the tests' sanitizer build);
+2. the library the package ships, ``kvnode/_native/libkvnode_client.so`` (``pip install ./python``
+   compiles it into the wheel; an editable install's is in site-packages, on the package's path);
+3. ``ctypes.util.find_library("kvnode_client")`` (an installed library: ldconfig, LD_LIBRARY_PATH);
+4. the build tree next to this source tree (``build/client/``, ``build/lib/``, ``build/``), for
+   ``PYTHONPATH=python``.
 
 When none loads, :func:`library` raises :class:`kvnode.Error` listing every place it looked.
 Buffers (tokens, block ids, data pointers) are passed as ``c_void_p`` so a numpy array's or an
@@ -19,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import sys
 import threading
 from ctypes import (
     POINTER,
@@ -247,19 +251,23 @@ _PROTOTYPES = {
 }
 
 _LIB_NAME = "libkvnode_client.so"
+_FIND_LIBRARY = 'ctypes.util.find_library("kvnode_client")'  # looked up only when reached
 _lock = threading.Lock()
 _loaded: Optional[ctypes.CDLL] = None
 
 
-def _candidates(env: Optional[str], found: Optional[str]) -> List[str]:
+def _candidates(env: Optional[str]) -> List[str]:
     """Where to look, in order (see the module's docstring)."""
     if env:
         return [os.path.join(env, _LIB_NAME) if os.path.isdir(env) else env]
-    places: List[str] = [found] if found else []
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    for sub in ("build/client", "build/lib", "build"):
-        places.append(os.path.join(root, sub, _LIB_NAME))
-    return places
+    here = os.path.dirname(os.path.abspath(__file__))
+    # The package's folders: an editable install's span the source and site-packages, where
+    # the library is.
+    folders = list(getattr(sys.modules.get(__package__ or ""), "__path__", None) or [here])
+    root = os.path.dirname(os.path.dirname(here))
+    bundled = [os.path.join(folder, "_native", _LIB_NAME) for folder in folders]
+    builds = [os.path.join(root, sub, _LIB_NAME) for sub in ("build/client", "build/lib", "build")]
+    return bundled + [_FIND_LIBRARY] + builds
 
 
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -286,10 +294,13 @@ def library() -> ctypes.CDLL:
         env = os.environ.get("KVNODE_CLIENT_LIB")
         if not env:
             tried.append("$KVNODE_CLIENT_LIB (not set)")
-        found = ctypes.util.find_library("kvnode_client") if not env else None
-        if not env and not found:
-            tried.append('ctypes.util.find_library("kvnode_client") (not found)')
-        for place in _candidates(env, found):
+        for place in _candidates(env):
+            if place is _FIND_LIBRARY:  # runs ldconfig (or a compiler): not when one loaded
+                found = ctypes.util.find_library("kvnode_client")
+                if not found:
+                    tried.append(f"{place} (not found)")
+                    continue
+                place = found
             if os.sep in place and not os.path.exists(place):
                 tried.append(f"{place} (no such file)")
             else:
@@ -302,8 +313,9 @@ def library() -> ctypes.CDLL:
                 break
         raise Error(
             f"{_LIB_NAME} could not be loaded; looked at: " + "; ".join(tried)
-            + ". Set KVNODE_CLIENT_LIB to its path (build it with "
-            "`cmake --build build --target kvnode_client_c`, or install it).",
+            + ". Install the package with `pip install ./python` (it compiles and ships the "
+            "library), or set KVNODE_CLIENT_LIB to its path (build it with "
+            "`cmake --build build --target kvnode_client_c`).",
             status="not_found",
             code=ERR_NOT_FOUND,
         )

@@ -1,16 +1,15 @@
-"""The package itself: host_array, importing without the library, the in-tree wheel builder, and
-the examples (run against the test node; the README's copy kept identical)."""
+"""The package itself: host_array, importing without the library, its pyproject (install_test.py,
+ctest python_install, builds and installs it), and the examples (run against the test node; the
+README's copy kept identical)."""
 
 from __future__ import annotations
 
 import gc
-import importlib.util
 import os
 import re
 import shutil
 import subprocess
 import sys
-import zipfile
 
 import numpy as np
 import pytest
@@ -107,8 +106,8 @@ def test_a_copy_outside_the_tree_lists_every_place(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          timeout=60)
     assert out.returncode == 0, out.stderr
-    for place in ("$KVNODE_CLIENT_LIB (not set)", "find_library",
-                  "build/client/libkvnode_client.so"):
+    for place in ("$KVNODE_CLIENT_LIB (not set)", "kvnode/_native/libkvnode_client.so",
+                  "find_library", "build/client/libkvnode_client.so"):
         assert place in out.stdout, out.stdout
 
 
@@ -219,38 +218,19 @@ def test_the_header_says_for_every_function_how_threads_may_call_it():
 
 # ---- packaging ----------------------------------------------------------------------------------
 
-def load_backend():
-    spec = importlib.util.spec_from_file_location(
-        "kvnode_build", PYTHON_DIR / "_build_backend" / "kvnode_build.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_the_wheel_holds_the_package_and_imports(tmp_path):
-    backend = load_backend()
-    assert backend.get_requires_for_build_wheel() == []
-    cwd = os.getcwd()
-    os.chdir(PYTHON_DIR)
-    try:
-        name = backend.build_wheel(str(tmp_path))
-        sdist = backend.build_sdist(str(tmp_path))
-    finally:
-        os.chdir(cwd)
-    assert name == f"kvnode-{kvnode.__version__}-py3-none-any.whl"
-    with zipfile.ZipFile(tmp_path / name) as z:
-        names = set(z.namelist())
-        assert {"kvnode/__init__.py", "kvnode/_lib.py", "kvnode/_cuda.py"} <= names
-        info = f"kvnode-{kvnode.__version__}.dist-info"
-        assert {f"{info}/METADATA", f"{info}/WHEEL", f"{info}/RECORD"} <= names
-        assert "Name: kvnode" in z.read(f"{info}/METADATA").decode()
-        z.extractall(tmp_path / "site")
-    assert sdist.endswith(".tar.gz")
-    out = subprocess.run([sys.executable, "-c", "import kvnode, sys; print(kvnode.__file__)"],
-                         capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": str(tmp_path / "site")})
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith(str(tmp_path / "site"))
+def test_the_pyproject_builds_the_library_and_depends_on_numpy_alone():
+    """`pip install ./python` compiles libkvnode_client.so with the repository's CMake in its
+    client-only mode (scikit-build-core) and needs numpy, as a range; engines bring torch."""
+    tomllib = pytest.importorskip("tomllib")
+    pyproject = tomllib.loads((PYTHON_DIR / "pyproject.toml").read_text())
+    assert pyproject["build-system"]["build-backend"] == "scikit_build_core.build"
+    assert pyproject["project"]["version"] == kvnode.__version__
+    dependencies = pyproject["project"]["dependencies"]
+    assert [re.match(r"[\w.-]+", d).group() for d in dependencies] == ["numpy"]
+    assert "==" not in dependencies[0]
+    skbuild = pyproject["tool"]["scikit-build"]
+    assert skbuild["cmake"]["source-dir"] == ".."
+    assert skbuild["cmake"]["define"]["KVNODE_PYTHON_PACKAGE"] == "ON"
 
 
 # ---- examples -----------------------------------------------------------------------------------
