@@ -43,21 +43,28 @@ Result<HostMapping> map_host(const UniqueFd& fd, std::size_t bytes, const std::s
     return make_error(ErrorCode::kInvalid, name + ": fstat: " + std::strerror(errno));
   if (!S_ISREG(st.st_mode))
     return make_error(ErrorCode::kInvalid, name + ": the descriptor is not a memory file");
-  if (static_cast<std::size_t>(st.st_size) < bytes)
-    return make_error(ErrorCode::kInvalid, name + ".bytes: " + std::to_string(bytes) +
-                                               ", but the file holds " +
-                                               std::to_string(st.st_size));
+  // Seals, then the size: once F_SEAL_SHRINK is on, the size read after it cannot go down under
+  // our mapping (read before the seals, a client could truncate in between: SIGBUS later).
   const int seals = ::fcntl(fd.get(), F_GET_SEALS);
   if (seals < 0 || (seals & F_SEAL_SHRINK) == 0)
     return make_error(ErrorCode::kInvalid,
                       name +
                           ": the memfd must be sealed against shrinking (F_SEAL_SHRINK; "
                           "kvnode::client::HostKvMemory does it)");
+  if (::fstat(fd.get(), &st) != 0)
+    return make_error(ErrorCode::kInvalid, name + ": fstat: " + std::strerror(errno));
+  if (static_cast<std::size_t>(st.st_size) < bytes)
+    return make_error(ErrorCode::kInvalid, name + ".bytes: " + std::to_string(bytes) +
+                                               ", but the file holds " +
+                                               std::to_string(st.st_size));
   // Not populated here (this runs on the socket thread, and faulting in tens of GiB takes
   // seconds): populate() does it on the KV executor, ahead of the first store or load.
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-  if (p == MAP_FAILED)
-    return make_error(ErrorCode::kNoRoom, name + ": mmap: " + std::strerror(errno));
+  if (p == MAP_FAILED) {
+    const int e = errno;  // out of memory or maps is no room; a file we may not map is invalid
+    return make_error(e == ENOMEM || e == EAGAIN ? ErrorCode::kNoRoom : ErrorCode::kInvalid,
+                      name + ": mmap: " + std::strerror(e));
+  }
   return HostMapping(static_cast<std::byte*>(p), bytes);
 }
 

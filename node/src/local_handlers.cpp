@@ -51,11 +51,11 @@ Reply LocalHandlers::serve(ConnectionId from, protocol::Request q) {
       return fail(ErrorCode::kInternal, "retrieve is served by the retrieve executor only");
     case LocalOp::kStore:
     case LocalOp::kLoad:
-      return fail(ErrorCode::kInternal, "store and load are served by the KV executor only");
+    case LocalOp::kUnregisterKv:  // answered behind the jobs that use the registration
+      return fail(ErrorCode::kInternal,
+                  "store, load and unregister_kv are served by the KV executor only");
     case LocalOp::kRegisterKv:
       return register_kv(from, q, {});
-    case LocalOp::kUnregisterKv:
-      return unregister_kv(from, q.kv);
     default:
       break;
   }

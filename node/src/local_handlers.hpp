@@ -100,7 +100,12 @@ class LocalHandlers {
   // request on the socket thread and returns what the executor runs.
   protocol::Reply register_kv(ConnectionId from, const protocol::Request& request,
                               std::vector<UniqueFd> fds);
-  protocol::Reply unregister_kv(ConnectionId from, std::uint64_t kv);
+  // unregister_kv takes the registration out (no new job can name it) and hands it over: the
+  // caller answers only once the jobs queued before are done and the mapping is gone, since the
+  // engine may free or reuse its memory the moment the answer arrives. put_back_kv undoes it (the
+  // caller could not queue that wait).
+  Result<std::shared_ptr<KvRegistration>> unregister_kv(ConnectionId from, std::uint64_t kv);
+  void put_back_kv(ConnectionId from, std::uint64_t kv, std::shared_ptr<KvRegistration> reg);
   Result<KvJob> kv_job(ConnectionId from, const protocol::Request& request) const;
   std::size_t kv_registrations() const { return registrations_.size(); }
   // A registration of `from`'s, or null.

@@ -42,12 +42,20 @@ protocol::Reply LocalHandlers::register_kv(ConnectionId from, const protocol::Re
   return r;
 }
 
-protocol::Reply LocalHandlers::unregister_kv(ConnectionId from, std::uint64_t kv) {
-  if (registrations_.erase({from, kv}) == 0)
-    return protocol::failure(
-        make_error(ErrorCode::kNotFound,
-                   "request.kv: no KV registration " + std::to_string(kv) + " on this connection"));
-  return protocol::Reply{};
+Result<std::shared_ptr<KvRegistration>> LocalHandlers::unregister_kv(ConnectionId from,
+                                                                     std::uint64_t kv) {
+  const auto it = registrations_.find({from, kv});
+  if (it == registrations_.end())
+    return make_error(ErrorCode::kNotFound, "request.kv: no KV registration " + std::to_string(kv) +
+                                                " on this connection");
+  std::shared_ptr<KvRegistration> reg = std::move(it->second);
+  registrations_.erase(it);
+  return reg;
+}
+
+void LocalHandlers::put_back_kv(ConnectionId from, std::uint64_t kv,
+                                std::shared_ptr<KvRegistration> reg) {
+  registrations_.emplace(std::make_pair(from, kv), std::move(reg));
 }
 
 Result<KvJob> LocalHandlers::kv_job(ConnectionId from, const protocol::Request& q) const {

@@ -7,8 +7,10 @@
 #include <spdlog/spdlog.h>
 
 #include <atomic>
+#include <chrono>
 #include <exception>
 #include <functional>
+#include <thread>
 
 #include "kvnode/client/local_protocol.hpp"
 #include "local_executor.hpp"
@@ -18,6 +20,11 @@
 namespace kvnode::node {
 
 namespace protocol = client::protocol;
+
+namespace {
+// How long an unregister waits for GPU copies still holding its registration: the copier's bound.
+constexpr std::chrono::seconds kRegistrationReleaseWait{60};
+}  // namespace
 
 struct LocalService::Impl {
   LocalServiceOptions options;
@@ -62,11 +69,8 @@ struct LocalService::Impl {
           (void)kv_executor->submit([reg] { reg->populate(); });
         return answer(r);
       }
-      case protocol::LocalOp::kUnregisterKv: {
-        const protocol::Reply r = handlers->unregister_kv(connection, decoded->kv);
-        kv_registrations = handlers->kv_registrations();
-        return answer(r);
-      }
+      case protocol::LocalOp::kUnregisterKv:
+        return queue_unregister(connection, decoded->kv);
       case protocol::LocalOp::kStore:
       case protocol::LocalOp::kLoad:
         return queue_kv_job(connection, *decoded);
@@ -88,6 +92,46 @@ struct LocalService::Impl {
         make_error(ErrorCode::kNoRoom, std::string("too many ") + what + " queued (" +
                                            std::to_string(options.max_queued_retrieves) +
                                            "); ask again shortly")));
+  }
+
+  // unregister_kv: answered on the KV executor behind every job queued before it (the executor is
+  // serial), once the last of them let go of the registration and its mapping is gone.
+  std::optional<std::vector<std::byte>> queue_unregister(local::ConnectionId connection,
+                                                         std::uint64_t kv) {
+    Result<std::shared_ptr<local::KvRegistration>> reg = handlers->unregister_kv(connection, kv);
+    if (!reg) return answer(protocol::failure(reg.error()));
+    kv_registrations = handlers->kv_registrations();
+    auto held = std::make_shared<std::shared_ptr<local::KvRegistration>>(std::move(reg).value());
+    auto answer_now = queue(*kv_executor, "stores and loads", [this, connection, held] {
+      release_registration(std::move(*held));
+      post_or_cut(connection, answer(protocol::Reply{}));
+    });
+    if (answer_now) {  // the queue is full: the registration stays, the client asks again
+      handlers->put_back_kv(connection, kv, std::move(*held));
+      kv_registrations = handlers->kv_registrations();
+    }
+    return answer_now;
+  }
+
+  // Drops the last reference to a registration (its mapping goes with it). Jobs queued before ran
+  // already; GPU copies they queued may still hold it: wait for them, bounded as the copier is.
+  static void release_registration(std::shared_ptr<local::KvRegistration> reg) {
+    const auto deadline = std::chrono::steady_clock::now() + kRegistrationReleaseWait;
+    while (reg.use_count() > 1 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (reg.use_count() > 1)
+      spdlog::error(
+          "local: a KV registration is still in use {} s after its unregister; "
+          "answering anyway",
+          std::chrono::duration_cast<std::chrono::seconds>(kRegistrationReleaseWait).count());
+  }
+
+  void post_or_cut(local::ConnectionId connection, std::vector<std::byte> bytes) {
+    try {
+      server->post(connection, std::move(bytes));
+    } catch (...) {
+      server->cut(connection);
+    }
   }
 
   // store and load: checked here, copied on the KV executor (large copies, GPU waits).
@@ -114,11 +158,7 @@ struct LocalService::Impl {
     auto post = [&](const protocol::Reply& r) {
       if (answered) return;
       answered = true;
-      try {
-        server->post(connection, answer(r));
-      } catch (...) {
-        server->cut(connection);
-      }
+      post_or_cut(connection, answer(r));
     };
     Result<local::KvOutcome> out = make_error(ErrorCode::kInternal, "not run");
     try {

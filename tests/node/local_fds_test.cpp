@@ -6,7 +6,9 @@
 // unregister_kv and with the connection.
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 
 #include <cctype>
 #include <fstream>
@@ -199,6 +201,121 @@ TEST(LocalFds, ARegisterWhoseDescriptorsDoNotMatchIsRefusedAndClosesThem) {
   s.close();
   EXPECT_TRUE(settles_at(open_fds, before)) << open_fds() << " open, " << before << " before";
   EXPECT_EQ(memfd_maps("fds-count-kv"), 1u) << "only the engine's own mapping";
+}
+
+// An engine may free or reuse its cache the moment unregister_kv answers, so by then the node has
+// let go of it: the fault-in its registration started and the stores queued before the
+// unregister have ended, and the mapping is gone (issue 34 item 15: the answer came while the
+// fault-in still held it, 2 maps where 1 was left). 256 MiB: a fault-in long enough to be in
+// flight.
+TEST(LocalFds, UnregisterAnswersOnlyOnceTheJobsBeforeItLetGoOfTheMapping) {
+  ServiceRig rig("fds-unreg", {}, 16);
+  constexpr std::uint32_t kBlocks = 65536;
+  const client::KvCacheShape shape{kBlocks, 16, 1, 64, 2};
+  auto memory = client::HostKvMemory::create(2ull * kBlocks * 16 * 64 * 2, "fds-unreg-kv");
+  ASSERT_TRUE(memory) << memory.error().message;
+  const client::KvBuffer layer{memory->data(), memory->size(), 0};
+  auto layout = client::vllm_flash_attn_layout(shape, std::span(&layer, 1));
+  ASSERT_TRUE(layout) << layout.error().message;
+  const client::KvAllocation alloc = memory->allocation();
+  const std::size_t maps_before = memfd_maps("fds-unreg-kv");
+
+  auto client = client_of(rig.path());
+  ASSERT_TRUE(client);
+  for (int round = 0; round < 3; ++round) {
+    Result<std::uint64_t> kv = client->register_kv(*layout, std::span(&alloc, 1));
+    ASSERT_TRUE(kv) << kv.error().message;
+    ASSERT_TRUE(client->unregister_kv(*kv));
+    EXPECT_EQ(memfd_maps("fds-unreg-kv"), maps_before) << "round " << round << ": still mapped";
+  }
+
+  // A store and the unregister sent in one write, so the unregister waits behind the store (and
+  // the fault-in) in the queue; its answer comes second and finds the mapping gone.
+  client::protocol::Request reg;
+  reg.op = client::protocol::LocalOp::kRegisterKv;
+  reg.kv_layout = client::to_wire(*layout, std::span(&alloc, 1)).value();
+  reg.fds = 1;
+  const std::vector<std::byte> reg_body = client::protocol::encode(reg);
+  const std::string reg_payload(reinterpret_cast<const char*>(reg_body.data()), reg_body.size());
+  RawLocalSocket s(rig.path());
+  ASSERT_TRUE(send_with_fds(
+      s.fd(), RawLocalSocket::header(static_cast<std::uint32_t>(reg_payload.size())) + reg_payload,
+      {memory->fd()}));
+  const Answer registered = answer_of(s.read_frame(5000ms));
+  ASSERT_TRUE(registered.ok) << registered.error;
+  auto framed = [](const client::protocol::Request& q) {
+    const std::vector<std::byte> body = client::protocol::encode(q);
+    const std::string payload(reinterpret_cast<const char*>(body.data()), body.size());
+    return RawLocalSocket::header(static_cast<std::uint32_t>(payload.size())) + payload;
+  };
+  client::protocol::Request store;
+  store.op = client::protocol::LocalOp::kStore;
+  store.kv = registered.kv;
+  store.by_tokens = true;
+  for (std::int64_t t = 0; t < 4 * 256; ++t) store.tokens.push_back(t);
+  for (std::uint32_t b = 0; b < 4 * 256 / 16; ++b) store.block_ids.push_back(b);
+  client::protocol::Request unregister;
+  unregister.op = client::protocol::LocalOp::kUnregisterKv;
+  unregister.kv = registered.kv;
+  ASSERT_TRUE(s.send_raw(framed(store) + framed(unregister)));
+  const Answer stored = answer_of(s.read_frame(10000ms));
+  EXPECT_TRUE(stored.ok) << stored.error;
+  const Answer unregistered = answer_of(s.read_frame(10000ms));
+  ASSERT_TRUE(unregistered.answered);
+  EXPECT_TRUE(unregistered.ok) << unregistered.error;
+  EXPECT_EQ(memfd_maps("fds-unreg-kv"), maps_before) << "mapped after unregister answered";
+}
+
+// A client that sends an unsealed memfd, then truncates it and seals it while the node checks it,
+// must never get a registration over a file shorter than its layout (issue 34 item 2: the node
+// read the size before the seals, mapped past the end and the next store died of SIGBUS; the race
+// was won within a few thousand tries). Bounded: 5 s or 20000 tries.
+TEST(LocalFds, AMemfdTruncatedAndSealedDuringItsRegistrationIsNeverMappedShort) {
+  ServiceRig rig("fds-race", {}, 16);
+  SmallCache cache = small_cache("fds-race-layout");
+  const client::KvAllocation alloc = cache.memory.allocation();
+  client::protocol::Request q;
+  q.op = client::protocol::LocalOp::kRegisterKv;
+  q.kv_layout = client::to_wire(cache.layout, std::span(&alloc, 1)).value();
+  q.fds = 1;
+  const std::vector<std::byte> body = client::protocol::encode(q);
+  const std::string frame = RawLocalSocket::header(static_cast<std::uint32_t>(body.size())) +
+                            std::string(reinterpret_cast<const char*>(body.data()), body.size());
+  RawLocalSocket s(rig.path());
+  ASSERT_TRUE(s.connected());
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  std::size_t tries = 0, accepted = 0, short_maps = 0;
+  while (tries < 20000 && std::chrono::steady_clock::now() < deadline) {
+    ++tries;
+    const int fd = ::memfd_create("fds-race-kv", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(cache.memory.size())), 0);
+    ASSERT_TRUE(send_with_fds(s.fd(), frame, {fd}));
+    // While the node checks it: a delay swept over 0-100 us finds the moment between its checks.
+    const auto until =
+        std::chrono::steady_clock::now() + std::chrono::nanoseconds(tries % 200 * 500);
+    while (std::chrono::steady_clock::now() < until) {
+    }
+    (void)::ftruncate(fd, 0);
+    (void)::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK);
+    const Answer a = answer_of(s.read_frame(5000ms));
+    ASSERT_TRUE(a.answered) << "try " << tries;
+    if (a.ok) {
+      ++accepted;
+      struct stat st {};
+      ASSERT_EQ(::fstat(fd, &st), 0);
+      if (static_cast<std::size_t>(st.st_size) < cache.memory.size()) ++short_maps;
+      client::protocol::Request unregister;
+      unregister.op = client::protocol::LocalOp::kUnregisterKv;
+      unregister.kv = a.kv;
+      const std::vector<std::byte> u = client::protocol::encode(unregister);
+      ASSERT_TRUE(ask(s, std::string(reinterpret_cast<const char*>(u.data()), u.size())).ok);
+    }
+    ::close(fd);
+  }
+  EXPECT_EQ(short_maps, 0u) << short_maps << " of " << accepted << " registrations accepted in "
+                            << tries << " tries were over a truncated file";
+  EXPECT_TRUE(ask(rig.path(), info_request()).ok) << "the service goes on";
 }
 
 }  // namespace

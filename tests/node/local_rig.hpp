@@ -74,6 +74,7 @@ struct Answer {
   std::string code{};
   std::uint64_t hold = 0;
   std::uint64_t count = 0;
+  std::uint64_t kv = 0;  // register_kv: the registration
 };
 
 inline Answer answer_of(const std::optional<std::string>& reply) {
@@ -90,6 +91,7 @@ inline Answer answer_of(const std::optional<std::string>& reply) {
   }
   if (auto it = m.find("hold"); it != m.end()) a.hold = it->second.as<std::uint64_t>();
   if (auto it = m.find("count"); it != m.end()) a.count = it->second.as<std::uint64_t>();
+  if (auto it = m.find("kv"); it != m.end()) a.kv = it->second.as<std::uint64_t>();
   return a;
 }
 
