@@ -120,9 +120,12 @@ bool names_own_listener(const std::string& url, const std::string& own) {
   for (const auto& [self_addr, self_ss] : selves) {
     for (const auto& [addr, ss] : targets) {
       if (addr == self_addr) return true;
+      // A wildcard destination (0.0.0.0, ::) means this host: connect() takes it for loopback, so
+      // it reaches a loopback-bound listener as well as a wildcard one.
+      if (wildcard(addr)) return true;
       // A wildcard listener takes its own family (:: takes IPv4 too, as the mapped addresses).
       const bool family = addr.family == self_addr.family || self_addr.family == AF_INET6;
-      if (wildcard(self_addr) && family && (wildcard(addr) || local(ss))) return true;
+      if (wildcard(self_addr) && family && local(ss)) return true;
     }
   }
   return false;

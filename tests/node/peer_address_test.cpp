@@ -39,6 +39,10 @@ TEST(PeerAddress, TheSameListenerWhateverTheSpelling) {
   EXPECT_TRUE(names_own_listener("localhost:18200", "0.0.0.0:18200"));
   EXPECT_TRUE(names_own_listener("0.0.0.0:18200", "0.0.0.0:18200"));
   EXPECT_TRUE(names_own_listener("127.0.0.1:18200", "[::]:18200"));
+  // A wildcard destination is this host: connect() reaches a loopback bind through it.
+  EXPECT_TRUE(names_own_listener("0.0.0.0:18200", "127.0.0.1:18200"));
+  EXPECT_TRUE(names_own_listener("[::]:18200", "127.0.0.1:18200"));
+  EXPECT_TRUE(names_own_listener("[::ffff:127.0.0.1]:18200", "127.0.0.1:18200"));
   if (const auto ip = interface_address()) {
     EXPECT_TRUE(names_own_listener(*ip + ":18200", "0.0.0.0:18200")) << *ip;
     EXPECT_FALSE(names_own_listener(*ip + ":18200", "127.0.0.1:18200"))

@@ -1,7 +1,9 @@
 // A node asked, by any controller, to move chunks to its own peer_init_url (issue 19 item 1): it
 // answers an ErrorMsg and keeps every chunk, however the url spells its address. Before, every
-// chunk counted as "already there" and a move with copy off evicted the only copy. A real kvnode
-// process bound to the wildcard address, the MoveWorkerMsg sent straight to its worker port.
+// chunk counted as "already there" and a move with copy off evicted the only copy. Real kvnode
+// processes bound to the wildcard address and to loopback (issue 34 item 3: a loopback-bound node
+// took 0.0.0.0:<its port> for another node and lost all its chunks), the MoveWorkerMsg sent
+// straight to the worker port.
 #include <zmq.hpp>
 
 #include "kvnode/wire/codec.hpp"
@@ -26,10 +28,10 @@ wire::Msg ask(int port, const wire::Msg& request) {
   return m ? std::move(m).value() : wire::ErrorMsg{"test: undecodable reply"};
 }
 
-TEST(SelfMove, ANodeAskedToMoveToItselfAnswersAnErrorAndKeepsEveryChunk) {
+void expect_every_self_move_refused(const std::string& bind) {
   auto ctl = start_controller();
   NodeProcessOptions o;
-  o.p2p_host = "0.0.0.0";  // the wildcard: reached at every address of the host
+  o.p2p_host = bind;
   NodeProcess node("self", ctl->ports().pull, ctl->ports().reply, o);
   ASSERT_TRUE(node.up()) << node.log();
   const std::string tokens = "0:320";  // 20 chunks of 16 tokens
@@ -39,15 +41,16 @@ TEST(SelfMove, ANodeAskedToMoveToItselfAnswersAnErrorAndKeepsEveryChunk) {
   std::vector<std::int64_t> token_ids(320);
   for (std::size_t i = 0; i < token_ids.size(); ++i) token_ids[i] = static_cast<std::int64_t>(i);
   const std::string port = std::to_string(node.p2p_port());
-  for (const std::string& self : {"127.0.0.1:" + port, "localhost:" + port, "0.0.0.0:" + port}) {
+  for (const std::string& self : {"127.0.0.1:" + port, "localhost:" + port, "0.0.0.0:" + port,
+                                  "[::]:" + port, "[::ffff:127.0.0.1]:" + port}) {
     for (const bool copy : {false, true}) {
       const wire::Msg reply =
           ask(node.worker_port(),
               wire::MoveWorkerMsg{"MoveWorker0-self", "LocalCPUBackend",
                                   wire::Position{self, "LocalCPUBackend"}, token_ids, copy});
       const auto* error = std::get_if<wire::ErrorMsg>(&reply);
-      ASSERT_NE(error, nullptr) << self << " copy=" << copy << ": a " << wire::tag_of(reply)
-                                << ", not an ErrorMsg\n"
+      ASSERT_NE(error, nullptr) << bind << " bind, " << self << " copy=" << copy << ": a "
+                                << wire::tag_of(reply) << ", not an ErrorMsg\n"
                                 << node.log();
       EXPECT_NE(error->error.find("is this node itself"), std::string::npos) << error->error;
     }
@@ -55,6 +58,14 @@ TEST(SelfMove, ANodeAskedToMoveToItselfAnswersAnErrorAndKeepsEveryChunk) {
   auto verify = kvctl({"verify", "--node", node.socket(), "--token-range", tokens, "--seed", "1"});
   EXPECT_EQ(verify.exit_code, 0) << verify.out << verify.err;
   EXPECT_NE(verify.out.find("verified 20 of 20 chunks"), std::string::npos) << verify.out;
+}
+
+TEST(SelfMove, AWildcardBoundNodeAskedToMoveToItselfAnswersAnErrorAndKeepsEveryChunk) {
+  expect_every_self_move_refused("0.0.0.0");  // reached at every address of the host
+}
+
+TEST(SelfMove, ALoopbackBoundNodeAskedToMoveToItselfAnswersAnErrorAndKeepsEveryChunk) {
+  expect_every_self_move_refused("127.0.0.1");  // 0.0.0.0 and :: as a destination reach it too
 }
 
 }  // namespace
