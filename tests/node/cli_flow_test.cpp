@@ -89,7 +89,7 @@ TEST_P(CliFlowTest, PutLookupMoveLookupVerify) {
   // Both registered: a move to an instance the controller does not know yet is a 404.
   ASSERT_TRUE(eventually(
       [&] {
-        const auto r = kvctl({"workers", "--controller", ctl});
+        const auto r = kvctl({"workers", "--controller", ctl, "--json"});
         return r.out.find('"' + a_id + '"') != std::string::npos &&
                r.out.find('"' + b_id + '"') != std::string::npos;
       },

@@ -314,6 +314,18 @@ TEST(Kvctl, DrivesTheControllerAsAnOrchestratorDoes) {
   EXPECT_NE(out.find("worker 0: healthy"), std::string::npos) << out;
   out = run_kvctl({KVCTL_PATH, "workers", "--controller", ctl_url, "--json"}, &code);
   EXPECT_NE(out.find("inst-B"), std::string::npos) << out;
+  // Without --json: a table a person reads, a row per worker with its keys (issue 34 item 16).
+  out = run_kvctl({KVCTL_PATH, "workers", "--controller", ctl_url}, &code);
+  EXPECT_EQ(code, 0);
+  EXPECT_EQ(out.rfind("instance\tworker\tip:port\tpeer_init_url\tkeys\tlast heartbeat\n", 0), 0u)
+      << out;
+  EXPECT_NE(out.find("inst-B\t0\t"), std::string::npos) << out;
+  EXPECT_EQ(out.find('{'), std::string::npos) << "no JSON without --json: " << out;
+  out = run_kvctl({KVCTL_PATH, "key-stats", "--controller", ctl_url}, &code);
+  EXPECT_EQ(code, 0);
+  EXPECT_EQ(out.rfind("instance\tkeys\tworkers\n", 0), 0u) << out;
+  EXPECT_NE(out.find("total: "), std::string::npos) << out;
+  EXPECT_EQ(out.find('{'), std::string::npos) << "no JSON without --json: " << out;
   out = run_kvctl({KVCTL_PATH, "lookup", "--controller", ctl_url, "--tokens", "1,2,x"}, &code);
   EXPECT_EQ(code, 2);
   EXPECT_NE(out.find("'x' is not an integer"), std::string::npos) << out;

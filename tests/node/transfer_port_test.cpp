@@ -98,7 +98,7 @@ TEST(TransferPort, JunkAndDescriptorExhaustionLeaveNothingBehindAndMovesStillWor
   ASSERT_TRUE(b.up()) << b.log();
   ASSERT_TRUE(eventually(
       [&] {
-        const auto r = kvctl({"workers", "--controller", ctl});
+        const auto r = kvctl({"workers", "--controller", ctl, "--json"});
         return r.out.find('"' + a_id + '"') != std::string::npos &&
                r.out.find('"' + b_id + '"') != std::string::npos;
       },

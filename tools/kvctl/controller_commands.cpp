@@ -100,6 +100,48 @@ void print(const Target& t, const json& j, const std::string& human) {
     std::cout << human << "\n";
 }
 
+// A field of a JSON object as text ("-" when absent or null), for the tables below.
+std::string text_of(const json& j, const char* field) {
+  if (!j.is_object() || !j.contains(field) || j[field].is_null()) return "-";
+  return j[field].is_string() ? j[field].get<std::string>() : j[field].dump();
+}
+
+// GET /controller/workers as a table, a row per worker (seconds since its last heartbeat).
+std::string workers_table(const json& j) {
+  const json workers = j.value("workers", json::array());
+  if (!workers.is_array() || workers.empty()) return "no workers registered";
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  std::ostringstream out;
+  out << "instance\tworker\tip:port\tpeer_init_url\tkeys\tlast heartbeat\n";
+  for (const json& w : workers) {
+    const double beat = w.value("last_heartbeat_time", 0.0);
+    out << text_of(w, "instance_id") << '\t' << text_of(w, "worker_id") << '\t' << text_of(w, "ip")
+        << ':' << text_of(w, "port") << '\t' << text_of(w, "peer_init_url") << '\t'
+        << text_of(w, "key_count") << '\t';
+    if (beat > 0)
+      out << static_cast<long long>(now - beat) << " s ago";
+    else
+      out << "never";
+    out << '\n';
+  }
+  out << text_of(j, "total_count") << " workers";
+  return out.str();
+}
+
+// GET /controller/key-stats as a table, a row per instance, then the totals.
+std::string key_stats_table(const json& j) {
+  std::ostringstream out;
+  out << "instance\tkeys\tworkers\n";
+  for (const json& i : j.value("instances", json::array()))
+    out << text_of(i, "instance_id") << '\t' << text_of(i, "key_count") << '\t'
+        << text_of(i, "worker_count") << '\n';
+  out << "total: " << text_of(j, "total_key_count") << " keys, "
+      << text_of(j, "total_instance_count") << " instances, " << text_of(j, "total_worker_count")
+      << " workers";
+  return out.str();
+}
+
 // The leading tokens `instance` holds by the controller's index, or nullopt when the lookup
 // fails (the move then goes ahead and is judged against the tokens asked).
 std::optional<std::int64_t> held_by(const Target& t, const std::string& instance,
@@ -287,13 +329,13 @@ void add_controller_commands(CLI::App& app) {
   common(workers);
   workers->callback([target] {
     const json j = call(*target, "GET", "/controller/workers");
-    print(*target, j, j.dump(2));
+    print(*target, j, workers_table(j));
   });
   auto* stats = app.add_subcommand("key-stats", "how many keys the controller indexes");
   common(stats);
   stats->callback([target] {
     const json j = call(*target, "GET", "/controller/key-stats");
-    print(*target, j, j.dump(2));
+    print(*target, j, key_stats_table(j));
   });
 }
 
