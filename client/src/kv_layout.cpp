@@ -210,6 +210,29 @@ Result<KvLayout> sglang_layout(const KvCacheShape& shape, std::span<const KvBuff
   return finish(std::move(l));
 }
 
+Result<KvLayout> strided_layout(const KvCacheShape& shape, KvFormat format,
+                                const KvStrides& strides, std::span<const KvBuffer> layers) {
+  const bool mla = format == KvFormat::kMla;
+  if (Status st = check_shape(shape, mla); !st) return st.error();
+  if (Status st = check_buffers(layers, "layers"); !st) return st.error();
+  const std::uint32_t heads = mla ? 1 : shape.kv_heads;
+  if (!mla && strides.v_offset == 0)
+    return make_error("strides.v_offset: must be > 0 (V lies after K)");
+  KvLayout l = base_layout(shape, format, heads);
+  for (const KvBuffer& b : layers) {
+    KvLayerTensors lt{tensor_at(b, 0), mla ? KvTensor{} : tensor_at(b, 0)};
+    if (!mla) {
+      const auto v = add(b.offset, strides.v_offset);
+      if (!v) return overflow("strides.v_offset");
+      lt.v.offset = *v;
+      set_strides(lt.v, strides.block_stride, strides.token_stride, strides.head_stride);
+    }
+    set_strides(lt.k, strides.block_stride, strides.token_stride, strides.head_stride);
+    l.layers.push_back(lt);
+  }
+  return finish(std::move(l));
+}
+
 Status validate(const KvLayout& l) {
   if (l.layers.empty()) return make_error("layers: empty");
   if (l.num_blocks == 0) return make_error("num_blocks: must be > 0");

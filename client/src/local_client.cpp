@@ -359,6 +359,14 @@ Result<RetrieveReply> LocalClient::retrieve(const ChunkKeys& keys) {
   return RetrieveReply{r->count, r->pulled, r->tokens, r->peer};
 }
 
+Result<RetrieveReply> LocalClient::peek(const ChunkKeys& keys) {
+  protocol::Request q = impl_->request(protocol::LocalOp::kRetrieve, keys);
+  q.peek = true;
+  Result<protocol::Reply> r = impl_->call(q);
+  if (!r) return r.error();
+  return RetrieveReply{r->count, 0, r->tokens, r->peer, r->peer_tokens};
+}
+
 Result<std::uint64_t> LocalClient::register_kv(const KvLayout& layout,
                                                std::span<const KvAllocation> allocations) {
   Impl& m = *impl_;

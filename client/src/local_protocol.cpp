@@ -167,6 +167,7 @@ std::vector<std::byte> encode(const Request& r) {
     });
   if (r.num_tokens != 0) m.add("num_tokens", [&r](Packer& pk) { pk.pack(r.num_tokens); });
   if (r.retrieve) m.add("retrieve", [](Packer& pk) { pk.pack(true); });
+  if (r.peek) m.add("peek", [](Packer& pk) { pk.pack(true); });
   if (!r.wait_event.empty()) m.add("wait_event", [&r](Packer& pk) { pack_bin(pk, r.wait_event); });
   if (!r.done_event.empty()) m.add("done_event", [&r](Packer& pk) { pack_bin(pk, r.done_event); });
   return m.finish();
@@ -187,6 +188,7 @@ std::vector<std::byte> encode(const Reply& r) {
                                                                 {"count", &r.count},
                                                                 {"tokens", &r.tokens},
                                                                 {"pulled", &r.pulled},
+                                                                {"peer_tokens", &r.peer_tokens},
                                                                 {"since", &r.since},
                                                                 {"kv", &r.kv}};
   for (const auto& [key, value] : uints)
@@ -245,6 +247,7 @@ Result<Request> decode_request(std::span<const std::byte> bytes) {
         if (key == "block_ids") return read_u32s(v, path, r.block_ids);
         if (key == "num_tokens") return read_uint(v, path, r.num_tokens);
         if (key == "retrieve") return read_bool(v, path, r.retrieve);
+        if (key == "peek") return read_bool(v, path, r.peek);
         if (key == "wait_event") return read_event(v, path, r.wait_event);
         if (key == "done_event") return read_event(v, path, r.done_event);
         return field_error(path, "unknown field");
@@ -281,6 +284,7 @@ Result<Reply> decode_reply(std::span<const std::byte> bytes) {
         if (key == "count") return read_uint(v, path, r.count);
         if (key == "tokens") return read_uint(v, path, r.tokens);
         if (key == "pulled") return read_uint(v, path, r.pulled);
+        if (key == "peer_tokens") return read_uint(v, path, r.peer_tokens);
         if (key == "since") return read_uint(v, path, r.since);
         if (key == "kv") return read_uint(v, path, r.kv);
         if (key == "worker_id") return read_int(v, path, r.worker_id);

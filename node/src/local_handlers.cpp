@@ -101,10 +101,12 @@ Result<Chunks> LocalHandlers::chunks_of(const protocol::Request& q, bool bounded
 }
 
 Result<Chunks> LocalHandlers::retrieve_request(const protocol::Request& q) const {
-  if (!moves_ || !locate_)
+  if (!q.peek && (!moves_ || !locate_))
     return make_error(ErrorCode::kRefused,
                       "this node has no transfer plane or controller to retrieve with");
-  return chunks_of(q, /*bounded=*/true);
+  Result<Chunks> c = chunks_of(q, /*bounded=*/true);
+  if (c) c->peek = q.peek;
+  return c;
 }
 
 Reply LocalHandlers::info() const {
@@ -329,7 +331,32 @@ Reply LocalHandlers::release(const HoldRequest& request) {
   return Reply{};
 }
 
+Reply LocalHandlers::peek(const Chunks& chunks) const {
+  Reply r;
+  const std::size_t n = chunks.hashes.size();
+  while (r.count < n && engine_.contains(chunks.hashes[r.count])) ++r.count;
+  auto tokens_of = [&](std::size_t count) -> std::uint64_t {
+    if (!chunks.by_tokens || count == 0) return 0;
+    return keys::chunk_end_token(count - 1, chunks.tokens, engine_.chunk_size());
+  };
+  r.tokens = tokens_of(r.count);
+  if (r.count == n || !locate_) return r;
+  // A failed lookup is no peer: the caller asked how much it could get, not whether it can.
+  Result<std::pair<std::string, std::size_t>> holder = locate_(chunks.hashes);
+  if (!holder) {
+    spdlog::debug("peek: {}", holder.error().message);
+    return r;
+  }
+  const std::size_t hits = std::min(holder->second, n);
+  if (hits > r.count) {
+    r.peer = holder->first;
+    r.peer_tokens = tokens_of(hits);
+  }
+  return r;
+}
+
 Reply LocalHandlers::retrieve(const Chunks& chunks) const {
+  if (chunks.peek) return peek(chunks);
   const RetrieveResult got = moves_->retrieve_chunks(chunks.hashes, locate_);
   Reply r;
   r.count = got.chunks_local + got.chunks_pulled;

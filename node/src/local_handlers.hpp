@@ -41,6 +41,7 @@ struct Chunks {
   std::vector<ChunkHash> hashes{};
   bool by_tokens = false;
   std::size_t tokens = 0;  // by tokens: how many were given
+  bool peek = false;       // retrieve: who holds more, nothing pulled
 };
 
 struct PutRequest {
@@ -93,6 +94,7 @@ class LocalHandlers {
   protocol::Reply abort(const HoldRequest& request);
   protocol::Reply release(const HoldRequest& request);
   protocol::Reply retrieve(const Chunks& chunks) const;  // any thread
+  protocol::Reply peek(const Chunks& chunks) const;      // retrieve's peek: any thread
 
   // The engine's KV path (local_kv_handlers.cpp). register_kv maps the allocations (`fds` are
   // the request's descriptors, owned; unused ones close); a registration belongs to its

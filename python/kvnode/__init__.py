@@ -27,4 +27,5 @@ from ._host import host_array
 __all__ = ["Client", "Error", "KVCache", "LAYOUTS", "__version__", "connect", "host_array"]
 __version__ = "0.1.0"
 
-LAYOUTS = ("vllm", "flashinfer", "mla", "sglang")  # register_kv_cache's layout names
+# register_kv_cache's layout names
+LAYOUTS = ("vllm", "flashinfer", "mla", "sglang", "packed", "packed_mla")

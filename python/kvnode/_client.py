@@ -215,6 +215,45 @@ class Client:
         del keep
         return held.value
 
+    def _prefix(self, tokens: Sequence[int], pull: bool) -> Dict[str, Any]:
+        keep, ptr, n = as_tokens(tokens)
+        out = _lib.PrefixInfo(field_mask=_lib.PREFIX_FIELDS_ALL)
+        name = "kvnode_retrieve" if pull else "kvnode_lookup_peers"
+        state = self._state
+        with state.lock:
+            handle = self._handle("retrieve" if pull else "lookup_peers")
+            code = getattr(_lib.library(), name)(handle, ptr, n, ctypes.byref(out),
+                                                 ctypes.byref(state.err))
+            _lib.check(code, state.err, name)
+        del keep
+        return {
+            "tokens": out.tokens,
+            "chunks": out.chunks,
+            "pulled": out.pulled,
+            "peer_tokens": out.peer_tokens,
+            "peer": out.peer.decode("utf-8", "replace"),
+        }
+
+    def lookup_peers(self, tokens: Sequence[int]) -> Dict[str, Any]:
+        """How much of `tokens` this node and its peers hold; nothing moves.
+
+        Returns ``{"tokens": leading tokens held here, "chunks": their chunks, "peer": the
+        transfer URL of the peer the controller names for the most ("" when none holds more),
+        "peer_tokens": its leading tokens, "pulled": 0}``. A node without a controller, or whose
+        lookup fails, answers its own tokens only. A scheduler's question: a prefix at a peer
+        comes here with :meth:`retrieve` (or a load with ``retrieve=True``).
+        """
+        return self._prefix(tokens, pull=False)
+
+    def retrieve(self, tokens: Sequence[int]) -> Dict[str, Any]:
+        """Pulls the leading chunks of `tokens` this node lacks from the peer holding them.
+
+        Returns :meth:`lookup_peers`'s keys with ``tokens``/``chunks`` held here now and
+        ``pulled`` the chunks pulled from ``peer``. The engine's memory is not touched.
+        kvnode.Error ``refused`` on a node without a transfer plane or controller.
+        """
+        return self._prefix(tokens, pull=True)
+
     def register_kv_cache(self, layers: Sequence[Any], block_size: int,
                           layout: str = "vllm") -> "KVCache":
         """Registers an engine's paged KV cache with the node, which maps it once.
@@ -227,7 +266,10 @@ class Client:
             block_size: tokens per block (the engine's page size).
             layout: ``"vllm"`` (``[2, num_blocks, block_size, num_kv_heads, head_size]``),
                 ``"flashinfer"`` (``[num_blocks, 2, block_size, num_kv_heads, head_size]``),
-                ``"mla"`` (``[num_blocks, block_size, head_size]``) or ``"sglang"``.
+                ``"mla"`` (``[num_blocks, block_size, head_size]``), ``"sglang"``, or
+                ``"packed"`` / ``"packed_mla"`` (vLLM >= 0.33: ``[num_blocks, num_kv_heads,
+                block_size, 2 * head_size]`` / ``[num_blocks, 1, block_size, head_size]`` views
+                with any strides, registered by their strides).
 
         The node's chunk (``info["chunk_size"]`` tokens of every layer, K and V) must be exactly
         its page (``info["chunk_bytes"]``); the node says so by name otherwise. The arrays must
@@ -251,7 +293,7 @@ class Client:
         )
         allocations = (_lib.KvAllocation * len(reg.allocations))(*reg.allocations)
         params = _lib.KvRegisterParams(
-            field_mask=0,  # no optional field
+            field_mask=_lib.KV_REGISTER_FIELD_STRIDES if reg.strides else 0,
             preset=reg.preset,
             num_blocks=reg.num_blocks,
             block_size=reg.block_size,
@@ -263,6 +305,8 @@ class Client:
             allocations=allocations,
             num_allocations=len(reg.allocations),
         )
+        if reg.strides:
+            params.strides = _lib.KvStrides(*reg.strides)
         handle = ctypes.c_void_p()
         state = self._state
         with state.lock:

@@ -12,6 +12,12 @@ Layouts, per layer (the engine KV path's presets):
 - ``"mla"``: ``[num_blocks, block_size, head_size]`` (one latent "head")
 - ``"sglang"``: a ``(k, v)`` pair per layer, each ``[num_blocks * block_size, num_kv_heads,
   head_size]`` (MHATokenToKVPool's token slots; a block is block_size slots)
+- ``"packed"``: ``[num_blocks, num_kv_heads, block_size, 2 * head_size]`` with any strides (K
+  then V in the last axis, which must be contiguous), every layer with the same strides: vLLM
+  >= 0.33's views of one allocation, in whichever physical order (KVCacheLayout) it chose
+- ``"packed_mla"``: ``[num_blocks, 1, block_size, head_size]`` with any strides (vLLM >= 0.33 MLA)
+
+The fixed layouts want contiguous layers; the packed ones are registered by their strides.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from __future__ import annotations
 import ctypes
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _lib
 from ._host import host_memory_of
@@ -32,13 +38,18 @@ LAYOUTS = {
     "flashinfer": _lib.KV_FLASHINFER,
     "mla": _lib.KV_MLA,
     "sglang": _lib.KV_SGLANG,
+    "packed": _lib.KV_STRIDED,
+    "packed_mla": _lib.KV_MLA_STRIDED,
 }
 _SHAPES = {
     "vllm": "[2, num_blocks, block_size, num_kv_heads, head_size]",
     "flashinfer": "[num_blocks, 2, block_size, num_kv_heads, head_size]",
     "mla": "[num_blocks, block_size, head_size]",
     "sglang": "[num_blocks * block_size, num_kv_heads, head_size] (K and V)",
+    "packed": "[num_blocks, num_kv_heads, block_size, 2 * head_size]",
+    "packed_mla": "[num_blocks, 1, block_size, head_size]",
 }
+_PACKED = ("packed", "packed_mla")
 _U32 = 0xFFFFFFFF
 
 
@@ -57,6 +68,8 @@ class Registration:
     buffers: List[Tuple[int, int, int]] = field(default_factory=list)  # base, bytes, offset
     allocations: List[_lib.KvAllocation] = field(default_factory=list)
     keep: List[Any] = field(default_factory=list)  # HostMemory objects the registration needs
+    # packed layouts: (block_stride, token_stride, head_stride, v_offset) in bytes; else None
+    strides: Optional[Tuple[int, int, int, int]] = None
 
 
 def _host_view(obj: Any, name: str) -> ArrayView:
@@ -104,7 +117,7 @@ def _view(obj: Any, name: str) -> Tuple[ArrayView, bool]:
 def _dims(shape: Tuple[int, ...], layout: str, block_size: int, name: str) -> Tuple[int, int, int]:
     """(num_blocks, kv_heads, head_size) of one layer's shape under `layout`."""
     want = _SHAPES[layout]
-    ndim = {"vllm": 5, "flashinfer": 5, "mla": 3, "sglang": 3}[layout]
+    ndim = {"vllm": 5, "flashinfer": 5, "mla": 3, "sglang": 3, "packed": 4, "packed_mla": 4}[layout]
     if len(shape) != ndim:
         raise ValueError(f"{name}: a {layout} layer is {want}; got shape {shape}")
     if layout == "vllm":
@@ -114,6 +127,17 @@ def _dims(shape: Tuple[int, ...], layout: str, block_size: int, name: str) -> Tu
     elif layout == "mla":
         num_blocks, bs, head = shape
         two, heads = 2, 1
+    elif layout == "packed":
+        num_blocks, heads, bs, channels = shape
+        two, head = 2, channels // 2
+        if channels % 2:
+            raise ValueError(f"{name}: a packed layer's last axis is K then V (2 * head_size); "
+                             f"got {channels}, an odd size (shape {shape})")
+    elif layout == "packed_mla":
+        num_blocks, one, bs, head = shape
+        two, heads = 2, 1
+        if one != 1:
+            raise ValueError(f"{name}: a packed_mla layer is {want}; got shape {shape}")
     else:
         slots, heads, head = shape
         two, bs = 2, block_size
@@ -173,7 +197,7 @@ class _Allocations:
                 ctypes.memmove(alloc.ipc_handle, a.ipc_handle, len(a.ipc_handle))
                 self.reg.allocations.append(alloc)
         else:
-            m = host_memory_of(view.ptr, view.nbytes)
+            m = host_memory_of(view.ptr, _extent(view))
             if m is None:
                 raise ValueError(f"{name}: not in memory the node can map; allocate the KV cache "
                                  "with kvnode.host_array()")
@@ -183,6 +207,31 @@ class _Allocations:
                     kind=_lib.MEMORY_HOST_FD, base=base, bytes=nbytes, fd=m.fd))
                 self.reg.keep.append(m)
         self.reg.buffers.append((base, nbytes, view.ptr - base))
+
+
+def _extent(view: ArrayView) -> int:
+    """Bytes from the view's first element to the end of its last (a strided view's span)."""
+    if view.strides is None:
+        return view.nbytes
+    if any(d == 0 for d in view.shape):
+        return 0
+    return sum((d - 1) * s for d, s in zip(view.shape, view.strides)) + view.itemsize
+
+
+def _packed_strides(name: str, view: ArrayView, layout: str) -> Tuple[int, int, int, int]:
+    """(block, token, head, v_offset) in bytes of a packed layer; ValueError when its rows are
+    not contiguous or a stride is negative."""
+    strides = view.strides
+    if strides is None:  # C-contiguous
+        _, heads, bs, channels = view.shape
+        strides = (heads * bs * channels * view.itemsize, bs * channels * view.itemsize,
+                   channels * view.itemsize, view.itemsize)
+    block, head, token, channel = strides
+    if channel != view.itemsize or min(strides) < 0:
+        raise ValueError(f"{name}: a {layout} layer's last axis must be contiguous with positive "
+                         f"strides; got strides {strides} (bytes) for shape {view.shape}")
+    v_offset = (view.shape[3] // 2) * view.itemsize if layout == "packed" else 0
+    return block, token, head, v_offset
 
 
 def _same(name: str, view: ArrayView, on_cuda: bool, first: str, v0: ArrayView,
@@ -219,8 +268,21 @@ def plan(layers: Sequence[Any], block_size: int, layout: str) -> Registration:
     for i, (name, tensor) in enumerate(tensors):
         view, on_cuda = (v0, cuda0) if i == 0 else _view(tensor, name)
         _same(name, view, on_cuda, first_name, v0, cuda0)
+        _check_layout(reg, name, view, layout)
+        allocations.add(name, view, on_cuda)
+    return reg
+
+
+def _check_layout(reg: Registration, name: str, view: ArrayView, layout: str) -> None:
+    """Contiguity (fixed layouts) or the shared strides (packed ones), naming the layer."""
+    if layout not in _PACKED:
         if not view.contiguous():
             raise ValueError(f"{name}: not contiguous (shape {view.shape}, strides "
                              f"{view.strides}); pass the cache's contiguous tensors")
-        allocations.add(name, view, on_cuda)
-    return reg
+        return
+    strides = _packed_strides(name, view, layout)
+    if reg.strides is None:
+        reg.strides = strides
+    elif strides != reg.strides:
+        raise ValueError(f"{name}: strides {view.strides} differ from the first layer's; a "
+                         f"{layout} cache's layers share one layout")

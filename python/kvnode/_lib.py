@@ -49,6 +49,8 @@ __all__ = [
     "KvAllocation",
     "KvBuffer",
     "KvRegisterParams",
+    "KvStrides",
+    "PrefixInfo",
     "KvResult",
     "KvTransferParams",
     "NodeInfo",
@@ -111,6 +113,10 @@ KV_VLLM = 0
 KV_FLASHINFER = 1
 KV_MLA = 2
 KV_SGLANG = 3
+KV_STRIDED = 4
+KV_MLA_STRIDED = 5
+KV_REGISTER_FIELD_STRIDES = 1 << 0
+PREFIX_FIELDS_ALL = (1 << 5) - 1  # KVNODE_PREFIX_FIELDS_ALL
 
 
 class ErrorStruct(Structure):
@@ -170,6 +176,17 @@ class KvBuffer(Structure):
     ]
 
 
+class KvStrides(Structure):
+    """kvnode_kv_strides_t"""
+
+    _fields_ = [
+        ("block_stride", c_size_t),
+        ("token_stride", c_size_t),
+        ("head_stride", c_size_t),
+        ("v_offset", c_size_t),
+    ]
+
+
 class KvRegisterParams(Structure):
     """kvnode_kv_register_params_t"""
 
@@ -185,6 +202,20 @@ class KvRegisterParams(Structure):
         ("num_layers", c_size_t),
         ("allocations", POINTER(KvAllocation)),
         ("num_allocations", c_size_t),
+        ("strides", KvStrides),  # KV_REGISTER_FIELD_STRIDES
+    ]
+
+
+class PrefixInfo(Structure):
+    """kvnode_prefix_info_t"""
+
+    _fields_ = [
+        ("field_mask", c_uint64),  # the fields to fill (PREFIX_FIELDS_ALL)
+        ("tokens", c_uint64),
+        ("chunks", c_uint64),
+        ("pulled", c_uint64),
+        ("peer_tokens", c_uint64),
+        ("peer", c_char * NAME_BYTES),
     ]
 
 
@@ -226,6 +257,14 @@ _PROTOTYPES = {
     "kvnode_lookup": (
         c_int,
         [c_void_p, c_void_p, c_size_t, POINTER(c_size_t), POINTER(ErrorStruct)],
+    ),
+    "kvnode_lookup_peers": (
+        c_int,
+        [c_void_p, c_void_p, c_size_t, POINTER(PrefixInfo), POINTER(ErrorStruct)],
+    ),
+    "kvnode_retrieve": (
+        c_int,
+        [c_void_p, c_void_p, c_size_t, POINTER(PrefixInfo), POINTER(ErrorStruct)],
     ),
     "kvnode_host_memory_create": (
         c_int,

@@ -326,9 +326,14 @@ TEST(CApiAgainstKvnode, ArrayElementsReservedWordsMustBeZero) {
             std::string::npos)
       << err.message;
   host.allocation.reserved[3] = 0;
-  host.params.field_mask = 1;  // no optional field: every bit is unknown
+  host.params.field_mask = 1u << 5;  // a bit this library does not know
   EXPECT_EQ(kvnode_kv_register(client.get(), &host.params, &cache, &err), KVNODE_ERR_INVALID);
-  EXPECT_NE(std::string(err.message).find("params->field_mask: bits 0x1 "), std::string::npos)
+  EXPECT_NE(std::string(err.message).find("params->field_mask: bits 0x20 "), std::string::npos)
+      << err.message;
+  host.params.field_mask = KVNODE_KV_REGISTER_FIELD_STRIDES;  // a fixed preset takes none
+  EXPECT_EQ(kvnode_kv_register(client.get(), &host.params, &cache, &err), KVNODE_ERR_INVALID);
+  EXPECT_NE(std::string(err.message).find("params->strides: only a STRIDED preset"),
+            std::string::npos)
       << err.message;
   EXPECT_EQ(cache, nullptr);
   host.params.field_mask = 0;
@@ -368,3 +373,65 @@ TEST(CApiAgainstKvnode, ALastPartialChunkIsStoredAndCountedAsTheNodeSays) {
 }
 
 }  // namespace
+
+// vLLM >= 0.33's cache (every layer a [blocks, heads, block_size, 2 * head_size] view of one
+// allocation, here in the CPU backend's physical order LBHNC) registered by strides, fed from a
+// cache in the older per-layer [2, blocks, block_size, heads, head_size] preset through the node:
+// a chunk means the same tokens' K and V whichever layout stored it.
+TEST(CApiAgainstKvnode, AStridedCacheLoadsWhatAPresetCacheStored) {
+  Node node("strided");
+  Client client(node.connect());
+  ASSERT_TRUE(client);
+  kvnode_error_t err{};
+  HostCache source;
+  auto* src = static_cast<std::byte*>(kvnode_host_memory_data(source.memory.get()));
+  for (std::size_t i = 0; i < kLayers * kLayerBytes; ++i)
+    src[i] = static_cast<std::byte>((i * 131 + i / 977) | 1);
+  kvnode_kv_cache_t* raw = nullptr;
+  ASSERT_EQ(kvnode_kv_register(client.get(), &source.params, &raw, &err), KVNODE_OK)
+      << err.message;
+  Cache preset(raw);
+
+  HostCache packed;  // the same bytes in all, laid out [layer, block, head, token, K|V channel]
+  auto* dst = static_cast<std::byte*>(kvnode_host_memory_data(packed.memory.get()));
+  const std::size_t row = kHeadSize * kElem;  // one head's K (or V) of one token
+  const std::size_t token_stride = 2 * row, head_stride = kChunkTokens * token_stride;
+  const std::size_t block_stride = kHeads * head_stride;
+  packed.params.preset = KVNODE_KV_STRIDED;
+  packed.params.strides = {block_stride, token_stride, head_stride, row};
+  EXPECT_EQ(kvnode_kv_register(client.get(), &packed.params, &raw, &err), KVNODE_ERR_INVALID);
+  EXPECT_NE(std::string(err.message).find("params->strides: required"), std::string::npos)
+      << err.message;
+  packed.params.field_mask = KVNODE_KV_REGISTER_FIELD_STRIDES;
+  ASSERT_EQ(kvnode_kv_register(client.get(), &packed.params, &raw, &err), KVNODE_OK)
+      << err.message;
+  Cache strided(raw);
+
+  std::vector<std::int64_t> tokens(3 * kChunkTokens);
+  std::iota(tokens.begin(), tokens.end(), 7000);
+  const std::vector<std::uint32_t> from = {4, 17, 8}, to = {30, 1, 22};
+  kvnode_kv_transfer_params_t t{};
+  t.tokens = tokens.data();
+  t.num_tokens = tokens.size();
+  t.block_ids = from.data();
+  t.num_block_ids = from.size();
+  kvnode_kv_result_t r{};
+  r.field_mask = KVNODE_KV_RESULT_FIELD_CHUNKS;
+  ASSERT_EQ(kvnode_kv_store(preset.get(), &t, &r, &err), KVNODE_OK) << err.message;
+  ASSERT_EQ(r.chunks, 3u);
+  t.block_ids = to.data();
+  ASSERT_EQ(kvnode_kv_load(strided.get(), &t, &r, &err), KVNODE_OK) << err.message;
+  ASSERT_EQ(r.chunks, 3u);
+  std::size_t bad = 0;
+  for (std::uint32_t l = 0; l < kLayers; ++l)
+    for (int kv = 0; kv < 2; ++kv)
+      for (std::size_t b = 0; b < from.size(); ++b)
+        for (std::size_t tok = 0; tok < kChunkTokens; ++tok)
+          for (std::size_t h = 0; h < kHeads; ++h) {
+            const std::byte* want = block_at(src, l, kv, from[b]) + (tok * kHeads + h) * row;
+            const std::byte* got = dst + l * kLayerBytes + to[b] * block_stride +
+                                   h * head_stride + tok * token_stride + kv * row;
+            bad += std::memcmp(want, got, row) != 0;
+          }
+  EXPECT_EQ(bad, 0u) << "rows that differ";
+}

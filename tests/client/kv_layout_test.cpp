@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <numeric>
 #include <random>
 #include <string>
@@ -142,6 +143,47 @@ Cache hnd() {
   return c;
 }
 
+// vLLM >= 0.33: one allocation, each layer a view [num_blocks, kv_heads, block_size,
+// 2 * head_size] (K then V in the last axis) whose physical order is `order`, a permutation of
+// L (layer), B (block), N (token), H (head) ending in C (channel); `mla`: [num_blocks, 1,
+// block_size, head_size] views, no V.
+Cache strided(const std::string& order, bool mla) {
+  Cache c;
+  c.kv_count = mla ? 1 : 2;
+  c.heads = mla ? 1 : kHeads;
+  const std::size_t channels = c.kv_count * kHeadSize;
+  auto extent = [&](char dim) -> std::size_t {
+    switch (dim) {
+      case 'L': return kLayers;
+      case 'B': return kBlocks;
+      case 'N': return kBlockSize;
+      case 'H': return c.heads;
+      default: return channels;
+    }
+  };
+  std::map<char, std::size_t> stride;  // bytes, row-major over `order`
+  std::size_t step = kElem;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    stride[*it] = step;
+    step *= extent(*it);
+  }
+  c.allocs.emplace_back(kPad + step + 32);
+  std::vector<kc::KvBuffer> layers;
+  for (std::size_t l = 0; l < kLayers; ++l)
+    layers.push_back({c.allocs[0].data(), c.allocs[0].size(), kPad + l * stride['L']});
+  const kc::KvStrides s{stride['B'], stride['N'], stride['H'], kHeadSize * kElem};
+  auto layout = kc::strided_layout(shape(), mla ? kc::KvFormat::kMla : kc::KvFormat::kKeyValue, s,
+                                   layers);
+  EXPECT_TRUE(layout.ok()) << order << ": " << layout.error().message;
+  if (layout) c.layout = std::move(layout).value();
+  c.at = [a = c.allocs[0].data(), stride](std::size_t l, std::size_t kv, std::size_t b,
+                                          std::size_t t, std::size_t h) {
+    return a + kPad + l * stride.at('L') + b * stride.at('B') + t * stride.at('N') +
+           h * stride.at('H') + kv * kHeadSize * kElem;
+  };
+  return c;
+}
+
 void fill(Cache& c, const std::vector<std::uint32_t>& table, std::size_t tokens) {
   for (std::size_t l = 0; l < kLayers; ++l) {
     for (std::size_t kv = 0; kv < c.kv_count; ++kv) {
@@ -256,6 +298,48 @@ TEST(KvLayout, SglangSplitBuffersRoundTrip) {
 TEST(KvLayout, HndByStridesRoundTrips) {
   Cache c = hnd();
   round_trip(c);
+}
+
+// Every KVCacheLayout vLLM 0.33 can choose (kv_cache_layout.py), by strides alone.
+TEST(KvLayout, VllmPackedViewsRoundTripInEveryPhysicalOrder) {
+  for (const char* order : {"LBNHC", "LBHNC", "BLNHC", "LHBNC", "BLHNC", "BHLNC"}) {
+    SCOPED_TRACE(order);
+    Cache c = strided(order, false);
+    round_trip(c);
+  }
+}
+
+TEST(KvLayout, VllmPackedMlaRoundTrips) {
+  for (const char* order : {"LBNHC", "BLNHC"}) {
+    SCOPED_TRACE(order);
+    Cache c = strided(order, true);
+    EXPECT_EQ(c.layout.kv_heads, 1u);
+    round_trip(c);
+  }
+}
+
+TEST(KvLayout, StridedLayoutRefusesWhatDoesNotFit) {
+  std::vector<std::byte> a(4096);
+  const std::vector<kc::KvBuffer> one{{a.data(), a.size(), 0}};
+  const kc::KvStrides fits{kBlockSize * kHeads * 2 * kRow, kHeads * 2 * kRow, 2 * kRow, kRow};
+  auto no_v = fits;
+  no_v.v_offset = 0;
+  auto err = kc::strided_layout(shape(), kc::KvFormat::kKeyValue, no_v, one);
+  ASSERT_FALSE(err.ok());
+  EXPECT_EQ(err.error().message.rfind("strides.v_offset:", 0), 0u) << err.error().message;
+  // 20 blocks of 384 bytes leave a 4096-byte allocation: the message says where the end fell.
+  err = kc::strided_layout(shape(), kc::KvFormat::kKeyValue, fits, one);
+  ASSERT_FALSE(err.ok());
+  EXPECT_NE(err.error().message.find("past the allocation of 4096 bytes"), std::string::npos)
+      << err.error().message;
+  std::vector<std::byte> big(8192);  // K fits; V's offset wraps
+  const std::vector<kc::KvBuffer> roomy{{big.data(), big.size(), 0}};
+  ASSERT_TRUE(kc::strided_layout(shape(), kc::KvFormat::kKeyValue, fits, roomy).ok());
+  auto huge = fits;
+  huge.v_offset = SIZE_MAX - 8;
+  err = kc::strided_layout(shape(), kc::KvFormat::kKeyValue, huge, roomy);
+  ASSERT_FALSE(err.ok());
+  EXPECT_NE(err.error().message.find("overflows"), std::string::npos) << err.error().message;
 }
 
 TEST(KvLayout, UnfullLastChunkIsSizedByItsTokens) {

@@ -120,6 +120,8 @@ STRUCTS = {  # ctypes mirror -> C type
     "KvRegisterParams": "kvnode_kv_register_params_t",
     "KvTransferParams": "kvnode_kv_transfer_params_t",
     "KvResult": "kvnode_kv_result_t",
+    "KvStrides": "kvnode_kv_strides_t",
+    "PrefixInfo": "kvnode_prefix_info_t",
 }
 
 
@@ -148,6 +150,10 @@ CONSTANTS = {  # _lib's name -> the header's
     "KV_RESULT_FIELD_TOKENS": "KVNODE_KV_RESULT_FIELD_TOKENS",
     "KV_RESULT_FIELD_PULLED": "KVNODE_KV_RESULT_FIELD_PULLED",
     "KV_RESULT_FIELDS_ALL": "KVNODE_KV_RESULT_FIELDS_ALL",
+    "KV_STRIDED": "KVNODE_KV_STRIDED",
+    "KV_MLA_STRIDED": "KVNODE_KV_MLA_STRIDED",
+    "KV_REGISTER_FIELD_STRIDES": "KVNODE_KV_REGISTER_FIELD_STRIDES",
+    "PREFIX_FIELDS_ALL": "KVNODE_PREFIX_FIELDS_ALL",
     "MEMORY_HOST_FD": "KVNODE_MEMORY_HOST_FD",
     "MEMORY_CUDA_IPC": "KVNODE_MEMORY_CUDA_IPC",
     "MEMORY_CUDA_VMM": "KVNODE_MEMORY_CUDA_VMM",

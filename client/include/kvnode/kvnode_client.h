@@ -130,6 +130,44 @@ kvnode_status_t kvnode_client_info(kvnode_client_t* client, kvnode_node_info_t* 
 kvnode_status_t kvnode_lookup(kvnode_client_t* client, const int64_t* tokens, size_t num_tokens,
                               size_t* held_tokens, kvnode_error_t* err);
 
+/* ---- a prefix at this node's peers (P2P, through the controller) ------------------------------ */
+
+enum {
+  KVNODE_PREFIX_FIELD_TOKENS = 1u << 0,
+  KVNODE_PREFIX_FIELD_CHUNKS = 1u << 1,
+  KVNODE_PREFIX_FIELD_PULLED = 1u << 2,
+  KVNODE_PREFIX_FIELD_PEER_TOKENS = 1u << 3,
+  KVNODE_PREFIX_FIELD_PEER = 1u << 4,
+};
+#define KVNODE_PREFIX_FIELDS_ALL                                                          \
+  ((uint64_t)(KVNODE_PREFIX_FIELD_TOKENS | KVNODE_PREFIX_FIELD_CHUNKS |                   \
+              KVNODE_PREFIX_FIELD_PULLED | KVNODE_PREFIX_FIELD_PEER_TOKENS |              \
+              KVNODE_PREFIX_FIELD_PEER))
+/* What this node and its peers hold of a prefix: the fields prefix->field_mask asks for are
+ * written (0 or "" when the call fails), no other byte. */
+typedef struct kvnode_prefix_info {
+  uint64_t field_mask;  /* set by the caller: KVNODE_PREFIX_FIELD_* of the fields to fill */
+  uint64_t tokens;      /* leading tokens held by this node (kvnode_retrieve: now, pulled too) */
+  uint64_t chunks;      /* their chunks */
+  uint64_t pulled;      /* kvnode_retrieve: of them, pulled from `peer` */
+  uint64_t peer_tokens; /* kvnode_lookup_peers: leading tokens `peer` holds (0: none holds more) */
+  char peer[KVNODE_NAME_BYTES]; /* the peer's transfer URL; "" when none */
+} kvnode_prefix_info_t;
+
+/* How much of `tokens` this node holds and, when not all, the peer the controller names for the
+ * most (its leading tokens): a scheduler's question, nothing is moved. A node without a
+ * controller, or a lookup that fails, answers its own tokens only. One call at a time per
+ * client. */
+kvnode_status_t kvnode_lookup_peers(kvnode_client_t* client, const int64_t* tokens,
+                                    size_t num_tokens, kvnode_prefix_info_t* prefix,
+                                    kvnode_error_t* err);
+/* Pulls the leading chunks this node lacks from the peer that holds them (P2P), then answers
+ * what this node holds; no engine memory is touched (kvnode_kv_load with retrieve does both).
+ * KVNODE_ERR_REFUSED on a node without a transfer plane or controller. One call at a time per
+ * client. */
+kvnode_status_t kvnode_retrieve(kvnode_client_t* client, const int64_t* tokens, size_t num_tokens,
+                                kvnode_prefix_info_t* prefix, kvnode_error_t* err);
+
 /* ---- host memory the node can map (CPU engines, tests) ---------------------------------------- */
 
 typedef struct kvnode_host_memory kvnode_host_memory_t;
@@ -166,8 +204,24 @@ typedef enum kvnode_kv_preset {
   KVNODE_KV_VLLM = 0,       /* per layer [2, num_blocks, block_size, kv_heads, head_size] */
   KVNODE_KV_FLASHINFER = 1, /* per layer [num_blocks, 2, block_size, kv_heads, head_size] */
   KVNODE_KV_MLA = 2,        /* per layer [num_blocks, block_size, head_size] */
-  KVNODE_KV_SGLANG = 3      /* per layer K and V buffers, [num_blocks * block_size, kv_heads, head_size] */
+  KVNODE_KV_SGLANG = 3,     /* per layer K and V buffers, [num_blocks * block_size, kv_heads, head_size] */
+  /* Any byte strides (params->strides, required): per layer K at the buffer's offset and V
+   * strides.v_offset bytes further, rows of head_size elements contiguous. vLLM >= 0.33: each
+   * layer a view [num_blocks, kv_heads, block_size, 2 * head_size] of one allocation in any
+   * KVCacheLayout (v_offset = head_size * elem_bytes). */
+  KVNODE_KV_STRIDED = 4,
+  /* MLA by byte strides (params->strides; v_offset unused): vLLM >= 0.33's
+   * [num_blocks, 1, block_size, head_size] views. */
+  KVNODE_KV_MLA_STRIDED = 5
 } kvnode_kv_preset_t;
+
+/* Byte strides shared by every layer of a STRIDED preset. */
+typedef struct kvnode_kv_strides {
+  size_t block_stride; /* between blocks */
+  size_t token_stride; /* between tokens of one block */
+  size_t head_stride;  /* between KV heads of one token (unused with one head) */
+  size_t v_offset;     /* from a layer's K to its V (KVNODE_KV_STRIDED) */
+} kvnode_kv_strides_t;
 
 /* Where one layer's tensor lies (SGLANG: one K and one V per layer, K first). An array element:
  * ends in reserved words that must be zero (see the conventions above). */
@@ -178,8 +232,11 @@ typedef struct kvnode_kv_buffer {
   uint64_t reserved[4]; /* zero */
 } kvnode_kv_buffer_t;
 
+enum {
+  KVNODE_KV_REGISTER_FIELD_STRIDES = 1u << 0, /* strides: set with a STRIDED preset, only then */
+};
 typedef struct kvnode_kv_register_params {
-  uint64_t field_mask;             /* no optional field yet: 0 */
+  uint64_t field_mask;             /* KVNODE_KV_REGISTER_FIELD_* */
   kvnode_kv_preset_t preset;       /* required */
   uint32_t num_blocks;             /* required */
   uint32_t block_size;             /* required: tokens per block */
@@ -190,6 +247,7 @@ typedef struct kvnode_kv_register_params {
   size_t num_layers;               /* layers, not buffers */
   const kvnode_kv_allocation_t* allocations; /* required: every layer lies in one of them */
   size_t num_allocations;
+  kvnode_kv_strides_t strides;     /* KVNODE_KV_REGISTER_FIELD_STRIDES */
 } kvnode_kv_register_params_t;
 
 typedef struct kvnode_kv_cache kvnode_kv_cache_t;

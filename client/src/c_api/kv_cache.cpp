@@ -18,7 +18,7 @@ using kvnode::c_api::guarded;
 using kvnode::c_api::invalid;
 using kvnode::c_api::ok;
 
-constexpr std::uint64_t kRegisterFields = 0;  // no optional field yet
+constexpr std::uint64_t kRegisterFields = KVNODE_KV_REGISTER_FIELD_STRIDES;
 constexpr std::uint64_t kTransferFields = KVNODE_KV_XFER_FIELD_RETRIEVE |
                                           KVNODE_KV_XFER_FIELD_WAIT_EVENT |
                                           KVNODE_KV_XFER_FIELD_DONE_EVENT;
@@ -59,7 +59,22 @@ Result<kc::KvLayout> layout_of(const kvnode_kv_register_params_t& p) {
   }
   // kv_heads is required but for MLA, which ignores it.
   const kc::KvCacheShape shape{p.num_blocks, p.block_size, p.kv_heads, p.head_size, p.elem_bytes};
+  const bool strided = p.preset == KVNODE_KV_STRIDED || p.preset == KVNODE_KV_MLA_STRIDED;
+  const bool has_strides = (p.field_mask & KVNODE_KV_REGISTER_FIELD_STRIDES) != 0;
+  if (strided && !has_strides)
+    return bad("strides: required by a STRIDED preset (set KVNODE_KV_REGISTER_FIELD_STRIDES)");
+  if (!strided && has_strides)
+    return bad("strides: only a STRIDED preset takes them (this preset's strides are fixed)");
+  // Read only when its bit is set: a caller built against an older header has no such field.
+  const kc::KvStrides strides =
+      has_strides ? kc::KvStrides{p.strides.block_stride, p.strides.token_stride,
+                                  p.strides.head_stride, p.strides.v_offset}
+                  : kc::KvStrides{};
   switch (p.preset) {
+    case KVNODE_KV_STRIDED:
+      return kc::strided_layout(shape, kc::KvFormat::kKeyValue, strides, buffers);
+    case KVNODE_KV_MLA_STRIDED:
+      return kc::strided_layout(shape, kc::KvFormat::kMla, strides, buffers);
     case KVNODE_KV_VLLM:
       return kc::vllm_flash_attn_layout(shape, buffers);
     case KVNODE_KV_FLASHINFER:

@@ -80,6 +80,21 @@ Result<KvLayout> mla_layout(const KvCacheShape& shape, std::span<const KvBuffer>
 Result<KvLayout> sglang_layout(const KvCacheShape& shape, std::span<const KvBuffer> k_layers,
                                std::span<const KvBuffer> v_layers);
 
+// Any layout whose rows (head_size elements) are contiguous, every layer with the same byte
+// strides: layer i's K starts at layers[i].offset, its V v_offset bytes further (kKeyValue).
+// vLLM >= 0.33 hands each layer as a strided view [num_blocks, kv_heads, block_size,
+// 2 * head_size] of one allocation (K and V share the last axis: v_offset = head_size * elem),
+// in any of its physical orders (LBNHC, LBHNC, BLNHC, ...); its MLA as [num_blocks, 1,
+// block_size, head_size] (format kMla: no V, v_offset unused).
+struct KvStrides {
+  std::size_t block_stride = 0;  // bytes between blocks
+  std::size_t token_stride = 0;  // bytes between tokens of one block
+  std::size_t head_stride = 0;   // bytes between KV heads of one token (unused with one head)
+  std::size_t v_offset = 0;      // bytes from a layer's K to its V (kKeyValue)
+};
+Result<KvLayout> strided_layout(const KvCacheShape& shape, KvFormat format,
+                                const KvStrides& strides, std::span<const KvBuffer> layers);
+
 // Checks every field; an error names it ("layers[3].v.block_stride: ..."): zero sizes, null
 // bases, strides that overlap a row, a tensor whose last byte leaves its allocation, overflow.
 Status validate(const KvLayout& layout);

@@ -63,7 +63,8 @@ struct RetrieveReply {
   std::size_t chunks = 0;  // leading chunks held locally now
   std::size_t pulled = 0;  // of them, pulled from a peer
   std::size_t tokens = 0;  // by tokens: the leading tokens held
-  std::string peer{};      // the peer pulled from
+  std::string peer{};      // the peer pulled from (peek: the peer holding the most)
+  std::size_t peer_tokens = 0;  // peek: the leading tokens `peer` holds
 };
 
 // One logical put made of several put() calls: what the first call learns from the node.
@@ -132,6 +133,10 @@ class LocalClient {
   // Pulls the chunks this node lacks from the peer the controller names (P2P), then answers
   // what is held locally.
   Result<RetrieveReply> retrieve(const ChunkKeys& keys);
+  // What retrieve would find, nothing pulled: the leading chunks (and tokens) held here and,
+  // when that is not all, the peer the controller names for the most and its leading tokens
+  // (none when the lookup fails or there is no controller: peek never errs for that).
+  Result<RetrieveReply> peek(const ChunkKeys& keys);
 
   // The engine's KV path. register_kv shares a paged KV cache with the node: every tensor of
   // `layout` lies in one of `allocations` (host memory from HostKvMemory, or CUDA memory by IPC

@@ -9,7 +9,8 @@
 // answered; absent: the put begins now). The engine's KV path: "kv_layout" (register_kv: a
 // KvWireLayout, its descriptors beside the frame, "fds" of them), "kv" (the registration),
 // "block_ids", "num_tokens" (by hashes: tokens in all, the last chunk may be unfull),
-// "retrieve" (load: pull missing chunks from peers first), "wait_event" / "done_event" (64-byte
+// "retrieve" (load: pull missing chunks from peers first), "peek" (retrieve: who holds more,
+// nothing pulled), "wait_event" / "done_event" (64-byte
 // CUDA IPC event handles).
 // Reply keys: "ok"; when not ok, "error" (for a person) and "code" (for a program: an ErrorCode's
 // to_string name, e.g. "frozen"); and what the op answers (see local_client.hpp).
@@ -71,6 +72,7 @@ struct Request {
   std::vector<std::uint32_t> block_ids{};   // store, load
   std::uint64_t num_tokens = 0;             // by hashes: tokens in all (0: whole chunks)
   bool retrieve = false;                    // load
+  bool peek = false;  // retrieve: only ask the controller who holds more; nothing is pulled
   std::vector<std::byte> wait_event{}, done_event{};  // 64-byte CUDA IPC event handles
 };
 
@@ -95,6 +97,7 @@ struct Reply {
   std::uint64_t pulled = 0;  // retrieve, load
   std::uint64_t since = 0;   // put/reserve: the put's tick, for its later calls
   std::string peer{};        // retrieve, load
+  std::uint64_t peer_tokens = 0;  // retrieve with peek: leading tokens `peer` holds
   std::vector<std::byte> data{};  // get
   std::uint64_t kv = 0;           // register_kv: the registration's id
 };
