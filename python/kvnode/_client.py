@@ -269,7 +269,9 @@ class Client:
                 ``"mla"`` (``[num_blocks, block_size, head_size]``), ``"sglang"``, or
                 ``"packed"`` / ``"packed_mla"`` (vLLM >= 0.33: ``[num_blocks, num_kv_heads,
                 block_size, 2 * head_size]`` / ``[num_blocks, 1, block_size, head_size]`` views
-                with any strides, registered by their strides).
+                with any strides, registered by their strides; K then V in the last axis), or
+                ``"packed_cpu"`` (the same views as vLLM's CPU backend reads them: each
+                (block, head) page holds block_size K rows, then block_size V rows).
 
         The node's chunk (``info["chunk_size"]`` tokens of every layer, K and V) must be exactly
         its page (``info["chunk_bytes"]``); the node says so by name otherwise. The arrays must

