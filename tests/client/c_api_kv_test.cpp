@@ -388,8 +388,7 @@ TEST(CApiAgainstKvnode, AStridedCacheLoadsWhatAPresetCacheStored) {
   for (std::size_t i = 0; i < kLayers * kLayerBytes; ++i)
     src[i] = static_cast<std::byte>((i * 131 + i / 977) | 1);
   kvnode_kv_cache_t* raw = nullptr;
-  ASSERT_EQ(kvnode_kv_register(client.get(), &source.params, &raw, &err), KVNODE_OK)
-      << err.message;
+  ASSERT_EQ(kvnode_kv_register(client.get(), &source.params, &raw, &err), KVNODE_OK) << err.message;
   Cache preset(raw);
 
   HostCache packed;  // the same bytes in all, laid out [layer, block, head, token, K|V channel]
@@ -403,8 +402,7 @@ TEST(CApiAgainstKvnode, AStridedCacheLoadsWhatAPresetCacheStored) {
   EXPECT_NE(std::string(err.message).find("params->strides: required"), std::string::npos)
       << err.message;
   packed.params.field_mask = KVNODE_KV_REGISTER_FIELD_STRIDES;
-  ASSERT_EQ(kvnode_kv_register(client.get(), &packed.params, &raw, &err), KVNODE_OK)
-      << err.message;
+  ASSERT_EQ(kvnode_kv_register(client.get(), &packed.params, &raw, &err), KVNODE_OK) << err.message;
   Cache strided(raw);
 
   std::vector<std::int64_t> tokens(3 * kChunkTokens);
@@ -429,8 +427,8 @@ TEST(CApiAgainstKvnode, AStridedCacheLoadsWhatAPresetCacheStored) {
         for (std::size_t tok = 0; tok < kChunkTokens; ++tok)
           for (std::size_t h = 0; h < kHeads; ++h) {
             const std::byte* want = block_at(src, l, kv, from[b]) + (tok * kHeads + h) * row;
-            const std::byte* got = dst + l * kLayerBytes + to[b] * block_stride +
-                                   h * head_stride + tok * token_stride + kv * row;
+            const std::byte* got = dst + l * kLayerBytes + to[b] * block_stride + h * head_stride +
+                                   tok * token_stride + kv * row;
             bad += std::memcmp(want, got, row) != 0;
           }
   EXPECT_EQ(bad, 0u) << "rows that differ";

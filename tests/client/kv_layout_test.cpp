@@ -154,11 +154,16 @@ Cache strided(const std::string& order, bool mla) {
   const std::size_t channels = c.kv_count * kHeadSize;
   auto extent = [&](char dim) -> std::size_t {
     switch (dim) {
-      case 'L': return kLayers;
-      case 'B': return kBlocks;
-      case 'N': return kBlockSize;
-      case 'H': return c.heads;
-      default: return channels;
+      case 'L':
+        return kLayers;
+      case 'B':
+        return kBlocks;
+      case 'N':
+        return kBlockSize;
+      case 'H':
+        return c.heads;
+      default:
+        return channels;
     }
   };
   std::map<char, std::size_t> stride;  // bytes, row-major over `order`
@@ -172,8 +177,8 @@ Cache strided(const std::string& order, bool mla) {
   for (std::size_t l = 0; l < kLayers; ++l)
     layers.push_back({c.allocs[0].data(), c.allocs[0].size(), kPad + l * stride['L']});
   const kc::KvStrides s{stride['B'], stride['N'], stride['H'], kHeadSize * kElem};
-  auto layout = kc::strided_layout(shape(), mla ? kc::KvFormat::kMla : kc::KvFormat::kKeyValue, s,
-                                   layers);
+  auto layout =
+      kc::strided_layout(shape(), mla ? kc::KvFormat::kMla : kc::KvFormat::kKeyValue, s, layers);
   EXPECT_TRUE(layout.ok()) << order << ": " << layout.error().message;
   if (layout) c.layout = std::move(layout).value();
   c.at = [a = c.allocs[0].data(), stride](std::size_t l, std::size_t kv, std::size_t b,

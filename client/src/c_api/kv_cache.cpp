@@ -66,10 +66,10 @@ Result<kc::KvLayout> layout_of(const kvnode_kv_register_params_t& p) {
   if (!strided && has_strides)
     return bad("strides: only a STRIDED preset takes them (this preset's strides are fixed)");
   // Read only when its bit is set: a caller built against an older header has no such field.
-  const kc::KvStrides strides =
-      has_strides ? kc::KvStrides{p.strides.block_stride, p.strides.token_stride,
-                                  p.strides.head_stride, p.strides.v_offset}
-                  : kc::KvStrides{};
+  const kc::KvStrides strides = has_strides
+                                    ? kc::KvStrides{p.strides.block_stride, p.strides.token_stride,
+                                                    p.strides.head_stride, p.strides.v_offset}
+                                    : kc::KvStrides{};
   switch (p.preset) {
     case KVNODE_KV_STRIDED:
       return kc::strided_layout(shape, kc::KvFormat::kKeyValue, strides, buffers);

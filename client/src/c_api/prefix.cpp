@@ -59,7 +59,6 @@ extern "C" kvnode_status_t kvnode_lookup_peers(kvnode_client_t* client, const in
 extern "C" kvnode_status_t kvnode_retrieve(kvnode_client_t* client, const int64_t* tokens,
                                            size_t num_tokens, kvnode_prefix_info_t* prefix,
                                            kvnode_error_t* err) {
-  return guarded(err, [&] {
-    return ask("kvnode_retrieve", client, tokens, num_tokens, prefix, true, err);
-  });
+  return guarded(
+      err, [&] { return ask("kvnode_retrieve", client, tokens, num_tokens, prefix, true, err); });
 }

@@ -60,10 +60,10 @@ struct NodeInfo {
 };
 
 struct RetrieveReply {
-  std::size_t chunks = 0;  // leading chunks held locally now
-  std::size_t pulled = 0;  // of them, pulled from a peer
-  std::size_t tokens = 0;  // by tokens: the leading tokens held
-  std::string peer{};      // the peer pulled from (peek: the peer holding the most)
+  std::size_t chunks = 0;       // leading chunks held locally now
+  std::size_t pulled = 0;       // of them, pulled from a peer
+  std::size_t tokens = 0;       // by tokens: the leading tokens held
+  std::string peer{};           // the peer pulled from (peek: the peer holding the most)
   std::size_t peer_tokens = 0;  // peek: the leading tokens `peer` holds
 };
 
