@@ -1,7 +1,8 @@
 """The package with CUDA tensors (the GPU machine): a vLLM-layout KV cache in torch CUDA tensors
 registered with nodes whose pools are device memory (--memory device): store, overwrite, load
 into other blocks, every byte compared; load(retrieve=True) on the other node; bf16, one shared
-allocation, cupy arrays, a DLPack-only exporter, host KV into a device pool; and the refusals
+allocation, cupy arrays, a DLPack-only exporter, host KV into a device pool, vLLM 0.33's
+strided views in its six physical orders; and the refusals
 (non-contiguous, mixed host and CUDA layers, PyTorch's expandable segments).
 
 Skips cleanly without torch or a CUDA device. Runs under pytest, or as a plain script where
@@ -222,6 +223,34 @@ def test_host_layers_into_a_device_pool(gpu_cluster):
         raw[:, :, [2, 3, 12, 13]] = 0
         assert kv.load(seq, [12, 13]) == 32
         assert np.array_equal(raw[:, :, [12, 13]], want)
+
+
+def test_vllm_packed_views_in_every_physical_order(gpu_cluster):
+    """vLLM 0.33's CUDA KV: one int8 allocation, each layer a [B, H, N, 2D] view (K then V in
+    the last axis) in one of its six physical orders, registered over IPC by its strides and
+    gathered/scattered by the node's kernel; stored from the plain vLLM layout, loaded into the
+    packed one, K and V compared with what was stored."""
+    torch = need_torch()
+    src = random_layers(torch, torch.float16, seed=7)  # [2, B, N, H, D] per layer
+    size = {"L": LAYERS, "B": BLOCKS, "H": HEADS, "N": BLOCK, "C": 2 * HEAD_SIZE}
+    with kvnode.connect(gpu_cluster.a.socket) as client, \
+            client.register_kv_cache(src, BLOCK) as flat:
+        seq = tokens(2 * BLOCK)
+        torch.cuda.synchronize()
+        assert flat.store(seq, [4, 11]) == len(seq)
+        for order in ("LBNHC", "LBHNC", "BLNHC", "LHBNC", "BLHNC", "BHLNC"):
+            raw = torch.zeros([size[d] for d in order], dtype=torch.float16, device="cuda")
+            logical = raw.permute([order.index(d) for d in "LBHNC"])  # [L, B, H, N, C]
+            views = [logical[i] for i in range(LAYERS)]
+            with client.register_kv_cache(views, BLOCK, layout="packed") as kv:
+                assert kv.load(seq, [20, 3]) == len(seq), order
+            for layer in range(LAYERS):
+                got = views[layer][[20, 3]].permute(0, 2, 1, 3)  # [2, N, H, 2D]
+                want = src[layer][:, [4, 11]]  # [2(kv), 2, N, H, D]
+                assert torch.equal(got[..., :HEAD_SIZE].view(torch.int16),
+                                   want[0].view(torch.int16)), (order, layer, "K")
+                assert torch.equal(got[..., HEAD_SIZE:].view(torch.int16),
+                                   want[1].view(torch.int16)), (order, layer, "V")
 
 
 def test_refusals(gpu_cluster):

@@ -143,3 +143,44 @@ def test_a_socket_file_left_by_a_killed_node_is_a_miss(cluster, engine, tmp_path
     out = e.step()
     assert out.scheduled_new_reqs[0].num_computed_tokens == 0
     e.run()
+
+
+def test_with_tensor_parallelism_a_prefix_counts_when_every_ranks_node_holds_it(cluster, tmp_path):
+    from kvnode.vllm._config import ConnectorConfig
+    from kvnode.vllm._scheduler import SchedulerSide
+
+    p = prompt(48, 8)
+    fill(cluster.a, p)  # rank 0's node: all 3 chunks
+    fill(cluster.b, p[:32])  # rank 1's node: 2
+    for rank, node in enumerate((cluster.a, cluster.b)):
+        (tmp_path / f"tp-{rank}.sock").symlink_to(node.socket)
+    side = SchedulerSide(ConnectorConfig(node=str(tmp_path / "tp-{rank}.sock"), peers=False),
+                         block_size=SHAPE.block, tp_size=2)
+
+    class Req:
+        request_id = "tp"
+        prompt_token_ids = p
+
+    try:
+        assert side.get_num_new_matched_tokens(Req, 0) == (32, False)
+        assert side.get_num_new_matched_tokens(Req, 32) == (0, False)
+    finally:
+        side.close()
+
+
+def test_a_node_cut_for_another_model_is_refused_by_name_and_costs_misses(cluster, engine,
+                                                                          tmp_path, caplog):
+    from kvnode_procs import NodeProcess
+
+    other = NodeProcess("vllm-other", cluster.controller, tmp_path,
+                        chunk_bytes=2 * SHAPE.chunk_bytes, chunk_tokens=SHAPE.block)
+    try:
+        with caplog.at_level("WARNING", logger="kvnode.vllm"):
+            e = engine(node=other.socket)
+            e.add(prompt(40, 9))
+            e.run()
+        said = " ".join(r.getMessage() for r in caplog.records)
+        assert f"--chunk-bytes {SHAPE.chunk_bytes}" in said, said
+        assert not e.scheduler.has_requests()
+    finally:
+        other.stop()

@@ -9,6 +9,7 @@ position) so a load can be checked byte for byte.
 from __future__ import annotations
 
 import json
+import time
 from itertools import count
 from pathlib import Path
 from typing import Dict, List, Optional, Set
@@ -173,12 +174,14 @@ class Engine:
                 bad.append(pos)
         return bad
 
-    def run(self, steps: int = 50) -> None:
-        """Steps until the scheduler has no requests left (or `steps` ran)."""
-        for _ in range(steps):
-            if not self.scheduler.has_requests():
-                return
+    def run(self, seconds: float = 30) -> None:
+        """Steps until the scheduler has no requests left (or `seconds` passed). A finished
+        request whose stores are queued keeps its blocks until the worker's thread stored them:
+        the steps go on meanwhile, pausing a little as an idle engine would."""
+        until = time.monotonic() + seconds
+        while self.scheduler.has_requests() and time.monotonic() < until:
             self.step()
+            time.sleep(0.002)
 
     def close(self) -> None:
         self.worker.shutdown()
