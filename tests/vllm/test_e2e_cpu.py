@@ -4,7 +4,8 @@ and kvnode processes. vLLM's prefix caching is off, so every cached token came f
 
 - a prompt stored through node A is loaded instead of computed, and the greedy tokens are the
   cold run's;
-- a prompt sharing that prefix, on an engine at node B, gets it through P2P;
+- a prompt sharing that prefix, on a kv_consumer engine at node B, gets it from a kv_producer
+  engine's node A through P2P;
 - after `kvctl move` from A to a third node, that node's hit is local;
 - a node killed before the run costs misses, never a failed request;
 - junk under the prompt's chunks changes the output (the comparison can fail).
@@ -60,7 +61,8 @@ def nodes(tmp_path_factory):
     controller.stop()
 
 
-def run(model: str, node, prompts: List[List[int]], tmp_path: Path, max_tokens: int = 8):
+def run(model: str, node, prompts: List[List[int]], tmp_path: Path, max_tokens: int = 8,
+        role: str = "kv_both"):
     """engine_run.py's answer: one run per prompt."""
     f = tmp_path / f"prompts-{time.monotonic_ns()}.json"
     f.write_text(json.dumps(prompts))
@@ -69,7 +71,7 @@ def run(model: str, node, prompts: List[List[int]], tmp_path: Path, max_tokens: 
                                                       env.get("PYTHONPATH")]))
     p = subprocess.run([sys.executable, str(HERE / "engine_run.py"), "--model", model,
                         "--node", node.socket if node else "none", "--prompts", str(f),
-                        "--max-tokens", str(max_tokens)],
+                        "--max-tokens", str(max_tokens), "--role", role],
                        capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stderr[-4000:]
     return json.loads(p.stdout.strip().splitlines()[-1])["runs"]
@@ -96,19 +98,20 @@ def test_stored_then_loaded_gives_the_cold_tokens(model, nodes, tmp_path):
     assert second["tokens"] == cold["tokens"]
 
 
-def test_a_prefix_stored_at_a_reaches_an_engine_at_b_through_p2p(model, nodes, tmp_path):
+def test_a_producer_at_a_feeds_a_consumer_at_b_through_p2p(model, nodes, tmp_path):
+    """Disaggregated: a kv_producer engine at node A stores, a kv_consumer at B only loads."""
     a, b = nodes("P"), nodes("Q")
     prefix = prompt(160, 2)
     longer = prefix + prompt(40, 3)
-    run(model, a, [prefix], tmp_path)
+    run(model, a, [prefix], tmp_path, role="kv_producer")
     assert held(a, prefix) == 160 and held(b, longer) == 0
     with kvnode.connect(b.socket) as c:  # the controller hears of A's chunks in batches
         assert wait_for(lambda: c.lookup_peers(longer)["peer_tokens"] >= 160, 30, 0.1)
     (cold,) = run(model, None, [longer], tmp_path)
-    (warm,) = run(model, b, [longer], tmp_path)
+    (warm,) = run(model, b, [longer], tmp_path, role="kv_consumer")
     assert warm["cached"] == 160
     assert warm["tokens"] == cold["tokens"]
-    assert held(b, longer) == 200  # pulled, and the suffix stored
+    assert held(b, longer) == 160  # pulled; a consumer stores nothing of its own
 
 
 def test_after_kvctl_move_the_hit_is_local(model, nodes, tmp_path):

@@ -184,3 +184,27 @@ def test_a_node_cut_for_another_model_is_refused_by_name_and_costs_misses(cluste
         assert not e.scheduler.has_requests()
     finally:
         other.stop()
+
+
+def test_a_producer_only_stores_and_a_consumer_only_loads(cluster, engine):
+    p = prompt(48, 10)
+    producer = engine(role="kv_producer")
+    producer.add(p)
+    out = producer.step()
+    assert out.kv_connector_metadata.loads == []
+    assert [len(s.tokens) for s in out.kv_connector_metadata.saves] == [48]
+    producer.run()
+    assert held(cluster.a, p) == 48
+    again = producer.add(p)  # held now, but a producer does not load
+    assert producer.step().scheduled_new_reqs[0].num_computed_tokens == 0
+    producer.run()
+    consumer = engine(role="kv_consumer")
+    fresh = prompt(48, 11)
+    consumer.add(p)
+    consumer.add(fresh)
+    out = consumer.step()
+    assert sorted(n.num_computed_tokens for n in out.scheduled_new_reqs) == [0, 47]
+    assert out.kv_connector_metadata.saves == []  # a consumer stores nothing
+    consumer.run()
+    assert held(cluster.a, fresh) == 0
+    assert again.request_id in producer.finished_sending

@@ -59,10 +59,6 @@ class SchedulerSide:
                 if here is None:
                     return 0, 0
                 there = here
-            if not self.chunk_size:
-                client = link.client()
-                if client is not None:
-                    self.chunk_size = int(client.info["chunk_size"])
             local, remote = min(local, here), min(remote, there)
         return local, remote
 
@@ -131,9 +127,15 @@ class SchedulerSide:
             self._plan_save(meta, req_id, state, cached.num_computed_tokens[i], out)
         return meta
 
+    def _chunk(self) -> int:
+        """The nodes' chunk (tokens), from rank 0's node once it answered; 0 while it is down."""
+        if not self.chunk_size:
+            self.chunk_size = int(self.links[0].call(lambda c: c.info["chunk_size"], 0))
+        return self.chunk_size
+
     def _plan_save(self, meta: StepMeta, req_id: str, state: _Request, computed: int,
                    out: Any) -> None:
-        if not self.config.save or not self.chunk_size:
+        if not self.config.save or not self._chunk():
             return
         scheduled = out.num_scheduled_tokens.get(req_id, 0)
         done = min(computed + scheduled, len(state.tokens))
