@@ -266,9 +266,25 @@ cmd_demo_vllm() {
 
 # The demo: kvcontroller and two kvnode processes on loopback; a model's worth of KV chunks into
 # node A, lookup, move A -> B through the controller, lookup, every byte verified at B.
+# Fails at once, naming the port and KVNODE_DEMO_PORT, when one of the demo's ports is taken.
+demo_ports_free() {
+  local port
+  for port in "$@"; do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      echo "== port $port (127.0.0.1) is taken: the demo uses $1-$((${*: -1})); pick other ports" \
+           "with KVNODE_DEMO_PORT=<first port> ./dev.sh demo" >&2
+      exit 1
+    fi
+  done
+}
+
 cmd_demo() {
-  build_main
+  # Only what the demo runs (the first build on 2 cores: see the README), not the tests.
+  configure build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVNODE_BUILD_BENCH=ON
+  "$CMAKE" --build build --target kvnode kvcontroller kvctl
   local bin="$ROOT/build/bin" work base="${KVNODE_DEMO_PORT:-19000}"
+  demo_ports_free "$base" $((base + 1)) $((base + 2)) $((base + 3)) $((base + 20)) $((base + 21)) \
+    $((base + 22)) $((base + 30)) $((base + 31)) $((base + 32))
   work="$(mktemp -d /tmp/kvnode-demo.XXXXXX)"
   DEMO_WORK="$work" DEMO_PIDS=()
   local http=$base pull=$((base + 1)) reply=$((base + 2)) hb=$((base + 3))
