@@ -125,9 +125,10 @@ struct LocalClient::Impl {
                                                   "): connect again");
     pool.reset();
     slots = 0;
-    info = NodeInfo{r.chunk_bytes, r.chunk_size, r.pages,
-                    r.shm,         r.location,   r.instance,
-                    r.worker_id,   r.memory,     r.save_unfull_chunk.value_or(true)};
+    info = NodeInfo{r.chunk_bytes,  r.chunk_size, r.pages,
+                    r.shm,          r.location,   r.instance,
+                    r.worker_id,    r.memory,     r.save_unfull_chunk.value_or(true),
+                    r.binary_tokens};
     if (!options.use_shared_memory || r.shm.empty() || r.slots == 0) return {};
     Result<detail::SharedStaging> mapped =
         detail::SharedStaging::open(r.shm, r.slots * r.chunk_bytes);
@@ -166,6 +167,7 @@ struct LocalClient::Impl {
     protocol::Request q;
     q.op = op;
     q.by_tokens = keys.tokens;
+    q.binary_tokens = keys.tokens && info.binary_tokens;
     (keys.tokens ? q.tokens : q.hashes) = keys.values;
     return q;
   }

@@ -39,6 +39,20 @@ Status read_u32s(const msgpack::object& v, const std::string& path,
   return {};
 }
 
+// "token_bytes": int64 token ids in this host's byte order, one bin (the local socket never
+// leaves the host). Bounded as "tokens" is.
+Status read_token_bytes(const msgpack::object& v, const std::string& path,
+                        std::vector<std::int64_t>& out) {
+  if (v.type != msgpack::type::BIN) return field_error(path, "expected bin");
+  if (v.via.bin.size % sizeof(std::int64_t) != 0)
+    return field_error(path, std::to_string(v.via.bin.size) + " bytes: not whole int64 tokens");
+  const std::size_t n = v.via.bin.size / sizeof(std::int64_t);
+  if (n > kMaxKeys) return field_error(path, "more than " + std::to_string(kMaxKeys) + " tokens");
+  out.resize(n);
+  if (n > 0) std::memcpy(out.data(), v.via.bin.ptr, v.via.bin.size);
+  return {};
+}
+
 Status read_event(const msgpack::object& v, const std::string& path, std::vector<std::byte>& out) {
   if (Status s = read_bin(v, path, out); !s) return s;
   if (out.size() != kCudaIpcHandleBytes)
@@ -150,7 +164,11 @@ Reply failure(const Error& error) {
 std::vector<std::byte> encode(const Request& r) {
   MapOut m;
   m.add("op", [&r](Packer& pk) { pack_str(pk, to_string(r.op)); });
-  if (r.by_tokens)
+  if (r.by_tokens && r.binary_tokens)
+    m.add("token_bytes", [&r](Packer& pk) {
+      pack_bin(pk, std::as_bytes(std::span<const std::int64_t>(r.tokens)));
+    });
+  else if (r.by_tokens)
     add_ints(m, "tokens", r.tokens);
   else if (!r.hashes.empty())
     add_ints(m, "hashes", r.hashes);
@@ -196,6 +214,7 @@ std::vector<std::byte> encode(const Reply& r) {
   if (r.worker_id != 0) m.add("worker_id", [&r](Packer& pk) { pk.pack(r.worker_id); });
   if (r.save_unfull_chunk)
     m.add("save_unfull_chunk", [&r](Packer& pk) { pk.pack(*r.save_unfull_chunk); });
+  if (r.binary_tokens) m.add("binary_tokens", [](Packer& pk) { pk.pack(true); });
   const std::pair<const char*, const std::string*> strs[] = {{"shm", &r.shm},
                                                              {"location", &r.location},
                                                              {"instance", &r.instance},
@@ -231,9 +250,11 @@ Result<Request> decode_request(std::span<const std::byte> bytes) {
           return {};
         }
         if (key == "hashes") return read_ints(v, path, r.hashes);
-        if (key == "tokens") {
+        if (key == "tokens" || key == "token_bytes") {
+          if (r.by_tokens) return field_error(path, "tokens given twice");
           r.by_tokens = true;
-          return read_ints(v, path, r.tokens);
+          return key == "tokens" ? read_ints(v, path, r.tokens)
+                                 : read_token_bytes(v, path, r.tokens);
         }
         if (key == "data") return read_bin(v, path, r.data);
         if (key == "hold") return read_uint(v, path, r.hold);
@@ -293,6 +314,7 @@ Result<Reply> decode_reply(std::span<const std::byte> bytes) {
         if (key == "instance") return read_str(v, path, r.instance);
         if (key == "peer") return read_str(v, path, r.peer);
         if (key == "memory") return read_str(v, path, r.memory);
+        if (key == "binary_tokens") return read_bool(v, path, r.binary_tokens);
         if (key == "save_unfull_chunk") {
           bool b = false;
           if (Status s = read_bool(v, path, b); !s) return s;

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <functional>
 #include <msgpack.hpp>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,7 +24,7 @@ inline void pack_str(Packer& pk, const std::string& s) {
   pk.pack_str_body(s.data(), static_cast<std::uint32_t>(s.size()));
 }
 
-inline void pack_bin(Packer& pk, const std::vector<std::byte>& b) {
+inline void pack_bin(Packer& pk, std::span<const std::byte> b) {
   pk.pack_bin(static_cast<std::uint32_t>(b.size()));
   pk.pack_bin_body(reinterpret_cast<const char*>(b.data()), static_cast<std::uint32_t>(b.size()));
 }

@@ -115,6 +115,7 @@ Reply LocalHandlers::info() const {
   r.chunk_bytes = pool.page_bytes();
   r.chunk_size = engine_.chunk_size();
   r.save_unfull_chunk = engine_.save_unfull_chunk();
+  r.binary_tokens = true;
   r.pages = pool.page_count();
   r.slots = staging_ ? staging_->slot_count() : 0;
   r.shm = staging_ ? staging_->name() : "";

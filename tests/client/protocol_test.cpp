@@ -50,6 +50,59 @@ TEST(LocalProtocol, ARequestRoundTripsWithEveryField) {
   EXPECT_EQ(back->tokens, t.tokens);
 }
 
+TEST(LocalProtocol, TokensTravelAsOneBinaryFieldForNodesThatSaySo) {
+  Request t;
+  t.op = LocalOp::kLookup;
+  t.by_tokens = true;
+  t.binary_tokens = true;
+  t.tokens = {5, -6, INT64_MAX, INT64_MIN, 0};
+  const std::vector<std::byte> bytes = encode(t);
+  const std::string raw(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  EXPECT_NE(raw.find("token_bytes"), std::string::npos);
+  EXPECT_EQ(raw.find("\xa6tokens"), std::string::npos) << "not as msgpack integers too";
+  Result<Request> back = decode_request(bytes);
+  ASSERT_TRUE(back) << back.error().message;
+  EXPECT_TRUE(back->by_tokens);
+  EXPECT_EQ(back->tokens, t.tokens);
+
+  // A bin that is not whole tokens, and tokens given twice, are refused by name.
+  std::string torn = raw;
+  const std::size_t at = torn.find("token_bytes") + std::string("token_bytes").size();
+  ASSERT_EQ(static_cast<unsigned char>(torn[at]), 0xc4);  // bin 8, then its length: 40
+  torn[at + 1] = 39;
+  torn.erase(at + 2, 1);
+  Result<Request> bad = decode_request(bytes_of(torn));
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("request.token_bytes: 39 bytes: not whole int64 tokens"),
+            std::string::npos)
+      << bad.error().message;
+  Request both = t;
+  both.binary_tokens = false;
+  std::vector<std::byte> twice = encode(both);  // a map of "op" and "tokens" ...
+  const std::vector<std::byte> binary = encode(t);
+  // ... and the binary map's "token_bytes" entry appended: the map header says 3 entries.
+  ASSERT_EQ(static_cast<unsigned char>(twice[0]), 0x82);
+  twice[0] = std::byte{0x83};
+  const std::string b(reinterpret_cast<const char*>(binary.data()), binary.size());
+  const std::size_t entry = b.find("token_bytes") - 1;  // its fixstr header
+  for (std::size_t i = entry; i < b.size(); ++i) twice.push_back(static_cast<std::byte>(b[i]));
+  bad = decode_request(twice);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("tokens given twice"), std::string::npos)
+      << bad.error().message;
+}
+
+TEST(LocalProtocol, TheInfoReplySaysTheNodeReadsBinaryTokens) {
+  Reply r;
+  r.binary_tokens = true;
+  Result<Reply> back = decode_reply(encode(r));
+  ASSERT_TRUE(back);
+  EXPECT_TRUE(back->binary_tokens);
+  back = decode_reply(encode(Reply{}));
+  ASSERT_TRUE(back);
+  EXPECT_FALSE(back->binary_tokens) << "older nodes do not say: integers";
+}
+
 TEST(LocalProtocol, AnUnknownOpIsRefusedOnDecodingWithTheKnownOnes) {
   Request q;
   q.op = LocalOp::kInfo;

@@ -57,6 +57,7 @@ struct NodeInfo {
   // A sequence's last partial chunk is a chunk of its own (LMCache's save_unfull_chunk): stored,
   // loaded and looked up like the others. Older nodes do not say; they did (true).
   bool save_unfull_chunk = true;
+  bool binary_tokens = false;  // the node reads tokens as one binary field (faster for long ones)
 };
 
 struct RetrieveReply {

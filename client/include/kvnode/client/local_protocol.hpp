@@ -62,6 +62,9 @@ struct Request {
   std::vector<std::int64_t> hashes{};
   std::vector<std::int64_t> tokens{};
   bool by_tokens = false;
+  // Send the tokens as one bin of int64 in this host's byte order ("token_bytes"; one memcpy at
+  // the node instead of an msgpack integer each), for nodes whose info said binary_tokens.
+  bool binary_tokens = false;
   std::vector<std::byte> data{};
   std::uint64_t hold = 0;
   std::uint64_t since = 0;  // put/reserve: evict only chunks stored before this tick (0: now)
@@ -87,6 +90,7 @@ struct Reply {
   std::string shm{}, location{}, instance{};
   std::string memory{};                     // info: the pool's memory, "host", "pinned" or "device"
   std::optional<bool> save_unfull_chunk{};  // info: a last partial chunk is a chunk (unset: old)
+  bool binary_tokens = false;  // info: the node reads "token_bytes" (older nodes do not say)
   // per op
   std::vector<bool> present{};          // contains
   std::vector<std::int64_t> offsets{};  // reserve/lease: each chunk's slot (byte offset); -1 stored
