@@ -208,3 +208,25 @@ def test_a_producer_only_stores_and_a_consumer_only_loads(cluster, engine):
     consumer.run()
     assert held(cluster.a, fresh) == 0
     assert again.request_id in producer.finished_sending
+
+
+def test_a_peer_prefix_ending_in_a_partial_chunk_past_the_hits_blocks_loads_whole_chunks(cluster,
+                                                                                         engine):
+    """65 tokens held at B (4 chunks and one of 1 token); the hit is 64, and vLLM allocates an
+    asynchronous load 4 blocks: the load must not ask for the 5th chunk."""
+    p = prompt(65, 12)
+    fill(cluster.b, p)
+    with kvnode.connect(cluster.a.socket) as c:  # the controller hears of B's chunks in batches
+        until = time.monotonic() + 30
+        while c.lookup_peers(p)["peer_tokens"] < 65 and time.monotonic() < until:
+            time.sleep(0.05)
+    e = engine()
+    req = e.add(p)
+    (load,) = e.step().kv_connector_metadata.loads
+    assert (load.remote, load.hit_tokens, len(load.tokens), len(load.block_ids)) == (True, 64, 64, 4)
+    until = time.monotonic() + 30
+    while req.request_id not in e.finished_recving and time.monotonic() < until:
+        e.step()
+        time.sleep(0.02)
+    assert req.request_id in e.finished_recving
+    assert e.load_errors == set()

@@ -29,6 +29,7 @@ class NodeLink:
         self._client: Optional[kvnode.Client] = None
         self._down_until = 0.0
         self._logged = False
+        self._refusals = 0
         self._lock = threading.Lock()
         self.on_connect: Optional[Callable[[kvnode.Client], None]] = None
 
@@ -60,8 +61,9 @@ class NodeLink:
         try:
             return fn(client)
         except Exception as e:  # noqa: BLE001 - never into vLLM: a failure is a miss
-            if isinstance(e, kvnode.Error) and e.status not in _CONNECTION_LOST:
-                self.fail(f"the node at {self.path} answered: {e}")  # the link is fine
+            if not isinstance(e, kvnode.Error) or e.status not in _CONNECTION_LOST:
+                # The node's refusal, or an argument the package refused: the link is fine.
+                self.fail(f"a request to the node at {self.path} failed: {e}")
                 return default
             with self._lock:
                 self._drop()
@@ -69,11 +71,14 @@ class NodeLink:
             return default
 
     def fail(self, message: str) -> None:
-        """A failure the caller found (a short load): counted, logged once per outage."""
+        """A failure with the link up (a short load, a refusal): counted; the first and then
+        every 1000th logged (with the count), so a steady cause cannot flood the engine's log."""
         with self._lock:
             self.failures += 1
-            if not self._logged:
-                log.warning("kvnode %s: %s", self.what, message)
+            self._refusals += 1
+            if self._refusals % 1000 == 1:
+                log.warning("kvnode %s: %s (%d such failures so far)", self.what, message,
+                            self._refusals)
 
     def close(self) -> None:
         with self._lock:

@@ -79,6 +79,14 @@ class SchedulerSide:
         else:
             state.saved = max(local, 0)
             return 0, False
+        # The load names the node's chunks by all of their tokens; vLLM gives blocks up to the
+        # hit only (an asynchronous load's are all it allocates). A partial last chunk past the
+        # hit's last block is left out: whole chunks only then.
+        if asked > -(-hit // self.block_size) * self.block_size and self._chunk():
+            asked = asked // self.chunk_size * self.chunk_size
+            hit = min(hit, asked)
+            if hit <= num_computed_tokens:
+                return 0, False
         state.load = Load(req_id=req_id, tokens=tokens[:asked], block_ids=[], hit_tokens=hit,
                           remote=is_remote)
         state.saved = asked  # the nodes hold these: nothing to store again
@@ -89,6 +97,9 @@ class SchedulerSide:
         state = self._pending.pop(req_id, None) or self.requests.get(req_id)
         if state is None:
             state = _Request(tokens=list(request.prompt_token_ids or []))
+        earlier = self.requests.get(req_id)
+        if earlier is not None and earlier is not state:  # resumed after a preemption
+            state.saves_planned |= earlier.saves_planned  # its stores still hold its blocks
         self.requests[req_id] = state
         if num_external_tokens == 0 or state.load is None:
             state.load = None  # vLLM loads nothing (its own prefix cache covered it, or no hit)
