@@ -40,7 +40,7 @@ def engine(model: str, node, prompt, work: Path) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
     p = subprocess.run([sys.executable, str(ROOT / "tests/vllm/engine_run.py"), "--model", model,
                         "--node", node.socket if node else "none", "--prompts", str(f),
-                        "--max-tokens", "16", "--ttft"],
+                        "--max-tokens", "16", "--ttft", "--warmup"],
                        capture_output=True, text=True, env=env, timeout=600)
     if p.returncode != 0:
         sys.exit(f"the engine failed:\n{p.stderr[-3000:]}")
