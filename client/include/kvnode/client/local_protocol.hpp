@@ -3,19 +3,19 @@
 // stream socket. Shared by the client and the node; an engine uses LocalClient, not this.
 //
 // Request keys: "op" (info, hashes, contains, lookup, put, get, reserve, commit, abort, lease,
-// release, retrieve, register_kv, unregister_kv, store, load), "hashes" or "tokens" (the chunks),
-// "data" (bin: put's inline bytes, chunk after chunk), "hold" (commit/abort/release: the id
-// reserve/lease answered), "since" (put/reserve: the tick an earlier call of the same put
-// answered; absent: the put begins now). The engine's KV path: "kv_layout" (register_kv: a
-// KvWireLayout, its descriptors beside the frame, "fds" of them), "kv" (the registration),
-// "block_ids", "num_tokens" (by hashes: tokens in all, the last chunk may be unfull),
-// "retrieve" (load: pull missing chunks from peers first), "peek" (retrieve: who holds more,
-// nothing pulled), "wait_event" / "done_event" (64-byte
-// CUDA IPC event handles).
-// Reply keys: "ok"; when not ok, "error" (for a person) and "code" (for a program: an ErrorCode's
-// to_string name, e.g. "frozen"); and what the op answers (see local_client.hpp).
-// Decoding checks every type and length and names the field path in its errors; the op string
-// is parsed once, into LocalOp.
+// release, retrieve, register_kv, unregister_kv, store, load), "hashes" or "tokens" (the chunks;
+// "token_bytes" instead: the tokens as one bin of int64, to nodes whose info said
+// "binary_tokens"), "data" (bin: put's inline bytes, chunk after chunk), "hold"
+// (commit/abort/release: the id reserve/lease answered), "since" (put/reserve: the tick an earlier
+// call of the same put answered; absent: the put begins now). The engine's KV path: "kv_layout"
+// (register_kv: a KvWireLayout, its descriptors beside the frame, "fds" of them), "kv" (the
+// registration), "block_ids", "num_tokens" (by hashes: tokens in all, the last chunk may be
+// unfull), "retrieve" (load: pull missing chunks from peers first), "peek" (retrieve: who holds
+// more, nothing pulled; answered with "peer" and "peer_tokens"), "wait_event" / "done_event"
+// (64-byte CUDA IPC event handles). Reply keys: "ok"; when not ok, "error" (for a person) and
+// "code" (for a program: an ErrorCode's to_string name, e.g. "frozen"); and what the op answers
+// (see local_client.hpp). Decoding checks every type and length and names the field path in its
+// errors; the op string is parsed once, into LocalOp.
 #pragma once
 
 #include <cstddef>
