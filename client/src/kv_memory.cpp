@@ -18,6 +18,8 @@ const char* to_string(KvMemoryKind kind) noexcept {
       return "cuda_ipc";
     case KvMemoryKind::kCudaVmmFd:
       return "cuda_vmm";
+    case KvMemoryKind::kHostProcess:
+      return "host_process";
   }
   return "unknown";
 }

@@ -50,6 +50,8 @@ Result<KvWireLayout> to_wire(const KvLayout& layout, std::span<const KvAllocatio
     wa.bytes = a.bytes;
     if (a.kind == KvMemoryKind::kCudaIpc)
       wa.handle.assign(a.ipc_handle.begin(), a.ipc_handle.end());
+    if (a.kind == KvMemoryKind::kHostProcess)
+      wa.address = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(a.base));
     w.allocations.push_back(std::move(wa));
   }
   if (w.fd_count() > kMaxKvFds)

@@ -7,7 +7,7 @@ namespace kvnode::client::protocol::detail {
 namespace {
 
 constexpr std::array kKinds = {KvMemoryKind::kHostFd, KvMemoryKind::kCudaIpc,
-                               KvMemoryKind::kCudaVmmFd};
+                               KvMemoryKind::kCudaVmmFd, KvMemoryKind::kHostProcess};
 
 Status read_u32(const msgpack::object& v, const std::string& path, std::uint32_t& out) {
   std::uint64_t wide = 0;
@@ -40,6 +40,7 @@ Status read_allocation(const msgpack::object& v, const std::string& path, WireAl
   if (!known) return field_error(path + "[0]", "unknown memory kind '" + kind + "'");
   if (Status s = read_uint(v.via.array.ptr[1], path + "[1]", out.bytes); !s) return s;
   const msgpack::object& h = v.via.array.ptr[2];
+  if (out.kind == KvMemoryKind::kHostProcess) return read_uint(h, path + "[2]", out.address);
   if (out.kind != KvMemoryKind::kCudaIpc) {
     if (h.type != msgpack::type::NIL) return field_error(path + "[2]", "expected nil");
     return {};
@@ -84,6 +85,8 @@ void pack_kv_layout(Packer& pk, const KvWireLayout& l) {
     pk.pack(a.bytes);
     if (a.kind == KvMemoryKind::kCudaIpc) {
       pack_bin(pk, a.handle);
+    } else if (a.kind == KvMemoryKind::kHostProcess) {
+      pk.pack(a.address);
     } else {
       pk.pack_nil();
     }

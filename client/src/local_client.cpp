@@ -366,7 +366,7 @@ Result<RetrieveReply> LocalClient::peek(const ChunkKeys& keys) {
   q.peek = true;
   Result<protocol::Reply> r = impl_->call(q);
   if (!r) return r.error();
-  return RetrieveReply{r->count, 0, r->tokens, r->peer, r->peer_tokens};
+  return RetrieveReply{r->count, 0, r->tokens, r->peer, r->peer_tokens, r->peer_chunks};
 }
 
 Result<std::uint64_t> LocalClient::register_kv(const KvLayout& layout,
@@ -376,7 +376,8 @@ Result<std::uint64_t> LocalClient::register_kv(const KvLayout& layout,
   if (!wire) return wire.error();
   Impl::Registered reg;
   for (const KvAllocation& a : allocations)
-    if (a.kind != KvMemoryKind::kCudaIpc) reg.fds.push_back(a.fd);
+    if (a.kind == KvMemoryKind::kHostFd || a.kind == KvMemoryKind::kCudaVmmFd)
+      reg.fds.push_back(a.fd);
   reg.request.op = protocol::LocalOp::kRegisterKv;
   reg.request.kv_layout = std::move(wire).value();
   reg.request.fds = reg.fds.size();

@@ -207,6 +207,7 @@ std::vector<std::byte> encode(const Reply& r) {
                                                                 {"tokens", &r.tokens},
                                                                 {"pulled", &r.pulled},
                                                                 {"peer_tokens", &r.peer_tokens},
+                                                                {"peer_chunks", &r.peer_chunks},
                                                                 {"since", &r.since},
                                                                 {"kv", &r.kv}};
   for (const auto& [key, value] : uints)
@@ -306,6 +307,7 @@ Result<Reply> decode_reply(std::span<const std::byte> bytes) {
         if (key == "tokens") return read_uint(v, path, r.tokens);
         if (key == "pulled") return read_uint(v, path, r.pulled);
         if (key == "peer_tokens") return read_uint(v, path, r.peer_tokens);
+        if (key == "peer_chunks") return read_uint(v, path, r.peer_chunks);
         if (key == "since") return read_uint(v, path, r.since);
         if (key == "kv") return read_uint(v, path, r.kv);
         if (key == "worker_id") return read_int(v, path, r.worker_id);

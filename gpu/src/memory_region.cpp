@@ -163,12 +163,12 @@ Result<MemoryRegion> MemoryRegion::allocate(std::size_t bytes, const RegionOptio
       bytes);
   region.share_fd_ = std::move(memfd);
   region.huge_pages_ = advised;
-  // mlock faults every page in now (no page faults mid-transfer) and keeps them resident; it
-  // fails under a small RLIMIT_MEMLOCK, which locked() reports.
+  // Every page faulted in writable now (no page faults mid-transfer), then locked resident (mlock
+  // fails under a small RLIMIT_MEMLOCK, which locked() reports). Written first: mlock alone maps
+  // shmem pages for reading, and the first store into each then takes a fault (measured: KV
+  // stores into such fresh pages ran at half the rate of stores into pages written once).
+  if (Status s = fault_in(p, mapped); !s) return wrap_error("a host region: ", s.error());
   if (options.lock) region.locked_ = mlock(p, mapped) == 0;
-  // Without the lock (RLIMIT_MEMLOCK too small), fault every page in now anyway.
-  if (!region.locked_)
-    if (Status s = fault_in(p, mapped); !s) return wrap_error("a host region: ", s.error());
   return region;
 }
 

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <string>
 
+#include "stream_copy.hpp"
+
 #if KVNODE_HAVE_CUDA
 #include <algorithm>
 #include <array>
@@ -32,15 +34,27 @@ Status check_segments(std::span<const CopySegment> segments) {
 }
 
 class HostSegmentCopier final : public SegmentCopier {
+  static constexpr std::size_t kStreamBytes = 8u << 20;  // past a server's per-core cache share
+
  public:
   Status wait(const IpcHandle&) override {
     return make_error(ErrorCode::kInvalid,
                       "the memcpy copier cannot wait on a CUDA event: use the CUDA copier");
   }
+  // A batch larger than the caches streams its stores (stream_copy.hpp: 3x the rate of
+  // memcpy's runs here); a small one is copied through the cache, where its reader finds it.
   Status copy(std::span<const CopySegment> segments) override {
     if (Status s = check_segments(segments); !s) return s;
+    std::size_t total = 0;
+    for (const CopySegment& s : segments) total += s.bytes;
+    if (total < kStreamBytes) {
+      for (const CopySegment& s : segments)
+        if (s.bytes > 0) std::memcpy(s.dst, s.src, s.bytes);
+      return {};
+    }
     for (const CopySegment& s : segments)
-      if (s.bytes > 0) std::memcpy(s.dst, s.src, s.bytes);
+      if (s.bytes > 0) stream_copy(s.dst, s.src, s.bytes);
+    stream_fence();
     return {};
   }
   Status record(const IpcHandle&) override {

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "kvnode/gpu/cuda_ipc.hpp"
+#include "process_copy.hpp"
 
 namespace kvnode::node::local {
 namespace {
@@ -71,6 +72,8 @@ Result<HostMapping> map_host(const UniqueFd& fd, std::size_t bytes, const std::s
 }  // namespace
 
 struct KvRegistration::Mappings {
+  std::optional<EngineProcess> engine;  // kHostProcess: what the copies read and write
+  std::unique_ptr<gpu::SegmentCopier> reader, writer;
   std::vector<HostMapping> host;
   std::vector<std::size_t> host_bytes;
   std::vector<gpu::HostRegistration> registered;
@@ -82,15 +85,27 @@ KvRegistration::~KvRegistration() = default;
 
 Result<std::shared_ptr<KvRegistration>> KvRegistration::map(const client::KvWireLayout& wire,
                                                             std::vector<UniqueFd> fds,
-                                                            const KvPoolFacts& pool) {
+                                                            const KvPoolFacts& pool, int pid) {
   if (fds.size() != wire.fd_count())
     return make_error(ErrorCode::kInvalid, "request.fds: " + std::to_string(fds.size()) +
                                                " descriptors came with the request, its " +
                                                "allocations need " +
                                                std::to_string(wire.fd_count()));
   bool device_kv = false;
-  for (const client::WireAllocation& a : wire.allocations)
-    device_kv = device_kv || a.kind != client::KvMemoryKind::kHostFd;
+  std::size_t in_process = 0;
+  for (const client::WireAllocation& a : wire.allocations) {
+    const bool process = a.kind == client::KvMemoryKind::kHostProcess;
+    in_process += process ? 1 : 0;
+    device_kv = device_kv || (a.kind != client::KvMemoryKind::kHostFd && !process);
+  }
+  if (in_process != 0 && in_process != wire.allocations.size())
+    return make_error(ErrorCode::kInvalid,
+                      "kv_layout.allocations: the engine's own memory (host_process) and mapped "
+                      "memory in one registration; register them separately");
+  if (in_process != 0 && pool.pool_kind == gpu::MemoryKind::kDevice)
+    return make_error(ErrorCode::kInvalid,
+                      "kv_layout: the engine's own memory (host_process) needs a host or pinned "
+                      "pool; this node's pool is device memory");
   if (device_kv && pool.pool_kind == gpu::MemoryKind::kHost)
     return make_error(ErrorCode::kInvalid,
                       "kv_layout: KV in GPU memory needs a pinned or device pool; this node's "
@@ -105,6 +120,19 @@ Result<std::shared_ptr<KvRegistration>> KvRegistration::map(const client::KvWire
     const std::string name = name_of(i);
     if (a.bytes == 0) return make_error(ErrorCode::kInvalid, name + ".bytes: must be > 0");
     sizes.push_back(a.bytes);
+    if (a.kind == client::KvMemoryKind::kHostProcess) {
+      if (a.address == 0 || a.address > UINTPTR_MAX - a.bytes)
+        return make_error(ErrorCode::kInvalid, name + ".address: not an address range");
+      if (!reg->maps_->engine) {
+        Result<EngineProcess> e = open_engine_process(pid, a.address, name.c_str());
+        if (!e) return e.error();
+        reg->maps_->engine.emplace(std::move(e).value());
+      }
+      auto* at = reinterpret_cast<std::byte*>(static_cast<std::uintptr_t>(a.address));
+      host_bases.push_back(at);  // the engine's addresses: the process copier's, never ours
+      kernel_bases.push_back(at);
+      continue;  // nothing mapped
+    }
     if (a.kind == client::KvMemoryKind::kHostFd) {
       Result<HostMapping> m = map_host(fds[next_fd++], a.bytes, name);
       if (!m) return m.error();
@@ -136,6 +164,11 @@ Result<std::shared_ptr<KvRegistration>> KvRegistration::map(const client::KvWire
     }
     reg->mapped_bytes_ += a.bytes;
   }
+  if (reg->maps_->engine) {
+    reg->uses_gpu_ = false;  // a pinned pool is host memory too: the process copier serves it
+    reg->maps_->reader = make_process_copier(*reg->maps_->engine, true);
+    reg->maps_->writer = make_process_copier(*reg->maps_->engine, false);
+  }
   Result<client::KvLayout> kernel = client::from_wire(wire, kernel_bases, sizes);
   if (!kernel) return kernel.error();
   reg->kernel_layout_ = std::move(kernel).value();
@@ -155,6 +188,14 @@ Result<std::shared_ptr<KvRegistration>> KvRegistration::map(const client::KvWire
                           " bytes (start the node with the model's KV shape or --chunk-bytes " +
                           std::to_string(*chunk) + ")");
   return reg;
+}
+
+int KvRegistration::engine_pid() const {
+  return maps_->engine ? maps_->engine->pid : 0;
+}
+
+gpu::SegmentCopier* KvRegistration::process_copier(bool store) const {
+  return store ? maps_->reader.get() : maps_->writer.get();
 }
 
 void KvRegistration::populate() const {

@@ -19,6 +19,7 @@
 #include "kvnode/common/result.hpp"
 #include "kvnode/common/unique_fd.hpp"
 #include "kvnode/gpu/memory_region.hpp"
+#include "kvnode/gpu/segment_copy.hpp"
 
 namespace kvnode::node::local {
 
@@ -33,9 +34,11 @@ class KvRegistration {
  public:
   // Consumes `fds` in order (one per memfd or VMM allocation; a count that does not match is an
   // error). Errors name the allocation or the layout field.
+  // `pid`: the connected engine's, for kHostProcess allocations (its own memory, copied with
+  // process_vm_readv/writev: every allocation of the registration of that kind, or none).
   static Result<std::shared_ptr<KvRegistration>> map(const client::KvWireLayout& wire,
                                                      std::vector<UniqueFd> fds,
-                                                     const KvPoolFacts& pool);
+                                                     const KvPoolFacts& pool, int pid = 0);
   ~KvRegistration();
   KvRegistration(const KvRegistration&) = delete;
   KvRegistration& operator=(const KvRegistration&) = delete;
@@ -45,6 +48,10 @@ class KvRegistration {
   const client::KvLayout& host_layout() const { return host_layout_; }
   const client::KvLayout& kernel_layout() const { return kernel_layout_; }
   std::size_t mapped_bytes() const { return mapped_bytes_; }
+  // The engine process whose own memory this is (kHostProcess), else 0; then host_layout()
+  // holds its addresses (never dereferenced here) and the copies are process_copier()'s.
+  int engine_pid() const;
+  gpu::SegmentCopier* process_copier(bool store) const;
   // Faults the host mappings in (writable), so the first store or load does not pay for it: on
   // a fresh 4 KiB-page mapping of a large cache they ran 2-6x slower. Seconds for tens of GiB:
   // the local service runs it on the KV executor, ahead of the registration's first copies.

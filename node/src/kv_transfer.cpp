@@ -79,7 +79,8 @@ KvTransfers::KvTransfers(Engine& engine, PeerMoves* moves, Locate locate)
 
 KvTransfers::~KvTransfers() = default;
 
-Result<gpu::SegmentCopier*> KvTransfers::copier_for(const KvRegistration& r) {
+Result<gpu::SegmentCopier*> KvTransfers::copier_for(const KvRegistration& r, bool store) {
+  if (r.engine_pid() != 0) return r.process_copier(store);
   if (!r.uses_gpu()) return host_copier_.get();
   if (!cuda_copier_) {
     Result<std::unique_ptr<gpu::SegmentCopier>> c =
@@ -119,7 +120,7 @@ Result<KvOutcome> KvTransfers::run(const KvJob& job,
 Result<KvOutcome> KvTransfers::store(const KvJob& job,
                                      const std::function<void(const KvOutcome&)>& queued) {
   const KvRegistration& reg = *job.registration;
-  Result<gpu::SegmentCopier*> copier = copier_for(reg);
+  Result<gpu::SegmentCopier*> copier = copier_for(reg, true);
   if (!copier) return copier.error();
   const client::KvLayout& layout = reg.uses_gpu() ? reg.kernel_layout() : reg.host_layout();
   const std::size_t cs = engine_.chunk_size();
@@ -178,7 +179,7 @@ Result<KvOutcome> KvTransfers::store(const KvJob& job,
 Result<KvOutcome> KvTransfers::load(const KvJob& job,
                                     const std::function<void(const KvOutcome&)>& queued) {
   const KvRegistration& reg = *job.registration;
-  Result<gpu::SegmentCopier*> copier = copier_for(reg);
+  Result<gpu::SegmentCopier*> copier = copier_for(reg, false);
   if (!copier) return copier.error();
   KvOutcome out;
   if (job.retrieve && moves_ && locate_) {

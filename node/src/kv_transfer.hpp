@@ -66,7 +66,8 @@ class KvTransfers {
  private:
   Result<KvOutcome> store(const KvJob& job, const std::function<void(const KvOutcome&)>& queued);
   Result<KvOutcome> load(const KvJob& job, const std::function<void(const KvOutcome&)>& queued);
-  Result<gpu::SegmentCopier*> copier_for(const KvRegistration& r);
+  // The copier of a store (store) or load between r's memory and the pool.
+  Result<gpu::SegmentCopier*> copier_for(const KvRegistration& r, bool store);
   Result<std::byte*> kernel_page(gpu::PageId page);
   // Queues the batch (waiting for the job's event first, recording its done event after).
   Status copy(gpu::SegmentCopier& copier, const KvJob& job,

@@ -352,6 +352,7 @@ Reply LocalHandlers::peek(const Chunks& chunks) const {
   if (hits > r.count) {
     r.peer = holder->first;
     r.peer_tokens = tokens_of(hits);
+    r.peer_chunks = hits;
   }
   return r;
 }

@@ -100,8 +100,9 @@ class LocalHandlers {
   // the request's descriptors, owned; unused ones close); a registration belongs to its
   // connection and ends with it. store and load run on the KV executor: kv_job() checks the
   // request on the socket thread and returns what the executor runs.
+  // `pid` is the connected engine's (its own memory, kHostProcess allocations; 0: unknown).
   protocol::Reply register_kv(ConnectionId from, const protocol::Request& request,
-                              std::vector<UniqueFd> fds);
+                              std::vector<UniqueFd> fds, int pid = 0);
   // unregister_kv takes the registration out (no new job can name it) and hands it over: the
   // caller answers only once the jobs queued before are done and the mapping is gone, since the
   // engine may free or reuse its memory the moment the answer arrives. put_back_kv undoes it (the

@@ -8,7 +8,7 @@
 namespace kvnode::node::local {
 
 protocol::Reply LocalHandlers::register_kv(ConnectionId from, const protocol::Request& q,
-                                           std::vector<UniqueFd> fds) {
+                                           std::vector<UniqueFd> fds, int pid) {
   if (!q.kv_layout)
     return protocol::failure(make_error(ErrorCode::kInvalid, "request.kv_layout: missing"));
   if (q.fds != fds.size())
@@ -28,14 +28,17 @@ protocol::Reply LocalHandlers::register_kv(ConnectionId from, const protocol::Re
   facts.page_bytes = pool.page_bytes();
   facts.chunk_size = engine_.chunk_size();
   Result<std::shared_ptr<KvRegistration>> reg =
-      KvRegistration::map(*q.kv_layout, std::move(fds), facts);
+      KvRegistration::map(*q.kv_layout, std::move(fds), facts, pid);
   if (!reg) return protocol::failure(reg.error());
   const std::uint64_t id = next_registration_++;
   spdlog::info(
       "local client connection {}: KV cache {} registered ({} layers, {} blocks, {} MiB, "
       "copies by {})",
       from, id, (*reg)->kernel_layout().layers.size(), (*reg)->kernel_layout().num_blocks,
-      (*reg)->mapped_bytes() >> 20, (*reg)->uses_gpu() ? "the GPU" : "memcpy");
+      (*reg)->mapped_bytes() >> 20,
+      (*reg)->uses_gpu()     ? "the GPU"
+      : (*reg)->engine_pid() ? "process_vm_readv/writev"
+                             : "memcpy");
   registrations_.emplace(std::make_pair(from, id), std::move(reg).value());
   protocol::Reply r;
   r.kv = id;

@@ -61,7 +61,8 @@ struct LocalService::Impl {
       case protocol::LocalOp::kRetrieve:
         break;
       case protocol::LocalOp::kRegisterKv: {
-        const protocol::Reply r = handlers->register_kv(connection, *decoded, std::move(fds));
+        const protocol::Reply r = handlers->register_kv(connection, *decoded, std::move(fds),
+                                                        server->peer_pid(connection));
         kv_registrations = handlers->kv_registrations();
         // Faulted in on the KV executor, ahead of this registration's first store or load (a
         // full queue only leaves the faults to the first copies).

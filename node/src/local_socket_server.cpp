@@ -48,6 +48,7 @@ struct Connection {
   std::uint32_t events = 0;      // registered with epoll now
   Clock::time_point progress{};  // the last byte in or out
   Clock::time_point reply_by{};  // writing: the whole reply must be read by then
+  int pid = 0;  // the peer's, as the kernel said at accept (SO_PEERCRED); 0: unknown
 };
 
 // A deferred reply, or (none) a connection to cut.
@@ -256,6 +257,9 @@ struct LocalSocketServer::Impl {
       const ConnectionId id = next_id++;
       if (!watch(id, fd.get(), EPOLLIN, EPOLL_CTL_ADD)) continue;  // never served: closed now
       Connection& c = connections[id];
+      ucred cred{};
+      socklen_t cred_len = sizeof cred;
+      if (::getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) == 0) c.pid = cred.pid;
       c.fd = std::move(fd);
       c.events = EPOLLIN;
       c.progress = Clock::now();
@@ -506,6 +510,11 @@ void LocalSocketServer::cut(ConnectionId connection) {
 bool LocalSocketServer::is_waiting(ConnectionId connection) const {
   std::lock_guard lock(impl_->waiting_mutex);
   return impl_->waiting_ids.count(connection) > 0;
+}
+
+int LocalSocketServer::peer_pid(ConnectionId connection) const {
+  const auto it = impl_->connections.find(connection);
+  return it == impl_->connections.end() ? 0 : it->second.pid;
 }
 
 SocketServerCounters LocalSocketServer::counters() const {

@@ -81,6 +81,9 @@ class LocalSocketServer {
   void cut(ConnectionId connection);
   // Whether `connection` is open and waits for a deferred reply. Any thread.
   bool is_waiting(ConnectionId connection) const;
+  // The process at the other end of `connection` (SO_PEERCRED at accept), 0 if unknown or
+  // closed. On the socket thread only (from a handler).
+  int peer_pid(ConnectionId connection) const;
   SocketServerCounters counters() const;
 
   struct Impl;

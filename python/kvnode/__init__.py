@@ -28,4 +28,4 @@ __all__ = ["Client", "Error", "KVCache", "LAYOUTS", "__version__", "connect", "h
 __version__ = "0.1.0"
 
 # register_kv_cache's layout names
-LAYOUTS = ("vllm", "flashinfer", "mla", "sglang", "packed", "packed_cpu", "packed_mla")
+LAYOUTS = ("vllm", "flashinfer", "mla", "sglang", "packed", "packed_cpu", "packed_mla", "strided")

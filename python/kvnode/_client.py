@@ -18,7 +18,7 @@ import numbers
 import os
 import threading
 import weakref
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _lib
 from ._args import as_block_ids, as_tokens, positive_int
@@ -57,7 +57,8 @@ class _CacheState:
         self.handle: Optional[int] = handle
         self.keep = keep
         self.params = _lib.KvTransferParams()
-        self.result = _lib.KvResult(field_mask=_lib.KV_RESULT_FIELD_TOKENS)  # all we read
+        self.result = _lib.KvResult(  # all we read
+            field_mask=_lib.KV_RESULT_FIELD_TOKENS | _lib.KV_RESULT_FIELD_CHUNKS)
         self.err = _lib.ErrorStruct()
         self.p_params = ctypes.pointer(self.params)
         self.p_result = ctypes.pointer(self.result)
@@ -215,13 +216,28 @@ class Client:
         del keep
         return held.value
 
-    def _prefix(self, tokens: Sequence[int], pull: bool) -> Dict[str, Any]:
-        keep, ptr, n = as_tokens(tokens)
-        out = _lib.PrefixInfo(field_mask=_lib.PREFIX_FIELDS_ALL)
-        name = "kvnode_retrieve" if pull else "kvnode_lookup_peers"
+    def lookup_chunks(self, hashes: Sequence[int]) -> int:
+        """Leading chunks of `hashes` (64-bit chunk hashes, one per chunk) this node holds."""
+        keep, ptr, n = as_tokens(hashes, "hashes")
+        held = ctypes.c_size_t()
         state = self._state
         with state.lock:
-            handle = self._handle("retrieve" if pull else "lookup_peers")
+            handle = self._handle("lookup_chunks")
+            code = _lib.library().kvnode_lookup_chunks(handle, ptr, n, ctypes.byref(held),
+                                                       ctypes.byref(state.err))
+            _lib.check(code, state.err, "kvnode_lookup_chunks")
+        del keep
+        return held.value
+
+    def _prefix(self, keys: Sequence[int], pull: bool, by_hash: bool = False) -> Dict[str, Any]:
+        keep, ptr, n = as_tokens(keys, "hashes" if by_hash else "tokens")
+        out = _lib.PrefixInfo(field_mask=_lib.PREFIX_FIELDS_ALL)
+        name = "kvnode_retrieve" if pull else "kvnode_lookup_peers"
+        if by_hash:
+            name += "_chunks"
+        state = self._state
+        with state.lock:
+            handle = self._handle(name[len("kvnode_"):])
             code = getattr(_lib.library(), name)(handle, ptr, n, ctypes.byref(out),
                                                  ctypes.byref(state.err))
             _lib.check(code, state.err, name)
@@ -231,6 +247,7 @@ class Client:
             "chunks": out.chunks,
             "pulled": out.pulled,
             "peer_tokens": out.peer_tokens,
+            "peer_chunks": out.peer_chunks,
             "peer": out.peer.decode("utf-8", "replace"),
         }
 
@@ -239,9 +256,10 @@ class Client:
 
         Returns ``{"tokens": leading tokens held here, "chunks": their chunks, "peer": the
         transfer URL of the peer the controller names for the most ("" when none holds more),
-        "peer_tokens": its leading tokens, "pulled": 0}``. A node without a controller, or whose
-        lookup fails, answers its own tokens only. A scheduler's question: a prefix at a peer
-        comes here with :meth:`retrieve` (or a load with ``retrieve=True``).
+        "peer_tokens": its leading tokens, "peer_chunks": their chunks, "pulled": 0}``. A node
+        without a controller, or whose lookup fails, answers its own tokens only. A scheduler's
+        question: a prefix at a peer comes here with :meth:`retrieve` (or a load with
+        ``retrieve=True``).
         """
         return self._prefix(tokens, pull=False)
 
@@ -254,8 +272,18 @@ class Client:
         """
         return self._prefix(tokens, pull=True)
 
+    def lookup_peers_chunks(self, hashes: Sequence[int]) -> Dict[str, Any]:
+        """:meth:`lookup_peers` by chunk hash: ``chunks`` held here and ``peer_chunks`` at
+        ``peer`` count; ``tokens`` and ``peer_tokens`` are 0."""
+        return self._prefix(hashes, pull=False, by_hash=True)
+
+    def retrieve_chunks(self, hashes: Sequence[int]) -> Dict[str, Any]:
+        """:meth:`retrieve` by chunk hash (``chunks`` and ``pulled`` count)."""
+        return self._prefix(hashes, pull=True, by_hash=True)
+
     def register_kv_cache(self, layers: Sequence[Any], block_size: int,
-                          layout: str = "vllm") -> "KVCache":
+                          layout: str = "vllm",
+                          process_memory: Optional[Tuple[int, int]] = None) -> "KVCache":
         """Registers an engine's paged KV cache with the node, which maps it once.
 
         Args:
@@ -273,6 +301,12 @@ class Client:
                 ``"packed_cpu"`` (the same views as vLLM's CPU backend reads them: each
                 (block, head) page holds block_size K rows, then block_size V rows).
 
+            process_memory: ``(base, nbytes)``, host memory of this process the layers lie in that
+                the node cannot map (not from kvnode.host_array: SGLang's host pools): the node
+                then copies with process_vm_readv/writev, and must be allowed to (the same
+                user, Yama's ptrace_scope 0); it refuses the registration otherwise
+                (``kvnode.Error`` ``refused``).
+
         The node's chunk (``info["chunk_size"]`` tokens of every layer, K and V) must be exactly
         its page (``info["chunk_bytes"]``); the node says so by name otherwise. The arrays must
         outlive the registration (the KVCache keeps references to them).
@@ -289,7 +323,7 @@ class Client:
         if block_size > 0xFFFFFFFF:
             raise ValueError(f"block_size: {block_size} is too large")
         self._handle("register_kv_cache")
-        reg = plan(layers, block_size, layout)
+        reg = plan(layers, block_size, layout, process_memory)
         buffers = (_lib.KvBuffer * len(reg.buffers))(
             *(_lib.KvBuffer(base, size, offset) for base, size, offset in reg.buffers)
         )
@@ -368,11 +402,15 @@ class KVCache:
         """Unregisters the cache (the node unmaps it). Idempotent."""
         self._finalizer()
 
-    def _transfer(self, store: bool, tokens: Any, block_ids: Any, retrieve: bool) -> int:
+    def _transfer(self, store: bool, tokens: Any, block_ids: Any, retrieve: bool,
+                  hashes: bool = False) -> int:
+        """A store or load by tokens, or (hashes) by chunk hashes in `tokens`, answering chunks."""
         what = "KVCache.store" if store else "KVCache.load"
-        tok_keep, tok_ptr, ntok = as_tokens(tokens)
+        if hashes:
+            what += "_chunks"
+        tok_keep, tok_ptr, ntok = as_tokens(tokens, "hashes" if hashes else "tokens")
         blk_keep, blk_ptr, nblk = as_block_ids(block_ids)
-        need = -(-ntok // self.block_size)
+        need = -(-ntok // self.block_size) if not hashes else min(ntok, 1)
         if nblk < need:
             raise ValueError(
                 f"block_ids: {nblk} block ids for {ntok} tokens; block_size {self.block_size} "
@@ -387,8 +425,13 @@ class KVCache:
                 return 0
             p = s.params
             p.field_mask = _lib.KV_XFER_FIELD_RETRIEVE if retrieve else 0
-            p.tokens = tok_ptr
-            p.num_tokens = ntok
+            if hashes:
+                p.field_mask |= _lib.KV_XFER_FIELD_HASHES
+                p.tokens, p.num_tokens = None, 0
+                p.hashes, p.num_hashes = tok_ptr, ntok
+            else:
+                p.tokens, p.num_tokens = tok_ptr, ntok
+                p.hashes, p.num_hashes = None, 0
             p.block_ids = blk_ptr
             p.num_block_ids = nblk
             p.retrieve = 1 if retrieve else 0
@@ -397,7 +440,7 @@ class KVCache:
             code = fn(handle, s.p_params, s.p_result, s.p_err)
             if code != _lib.OK:
                 _lib.check(code, s.err, what)
-            done = s.result.tokens
+            done = s.result.chunks if hashes else s.result.tokens
         del tok_keep, blk_keep
         return done
 
@@ -425,6 +468,17 @@ class KVCache:
         chunks the node holds, a last partial one included as for :meth:`store`).
         """
         return self._transfer(False, tokens, block_ids, bool(retrieve))
+
+    def store_chunks(self, hashes: Sequence[int], block_ids: Sequence[int]) -> int:
+        """:meth:`store` by chunk hash: chunk i is ``hashes[i]``, its KV in the blocks
+        ``block_ids[i * per : (i + 1) * per]`` (``per`` = the node's chunk_size / block_size).
+        Returns the leading chunks stored."""
+        return self._transfer(True, hashes, block_ids, False, hashes=True)
+
+    def load_chunks(self, hashes: Sequence[int], block_ids: Sequence[int],
+                    retrieve: bool = False) -> int:
+        """:meth:`load` by chunk hash; returns the leading chunks loaded."""
+        return self._transfer(False, hashes, block_ids, bool(retrieve), hashes=True)
 
     def lookup(self, tokens: Sequence[int]) -> int:
         """Leading tokens of `tokens` whose chunks this node holds (as Client.lookup)."""

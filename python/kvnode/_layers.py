@@ -19,6 +19,10 @@ Layouts, per layer (the engine KV path's presets):
   page is block_size K rows then block_size V rows of head_size (``cpu_attn.py`` views a layer
   as ``[num_blocks, num_kv_heads, 2 * block_size, head_size]``); a page must be contiguous
 - ``"packed_mla"``: ``[num_blocks, 1, block_size, head_size]`` with any strides (vLLM >= 0.33 MLA)
+- ``"strided"``: a ``(k, v)`` pair per layer, each ``[num_blocks, num_kv_heads, block_size,
+  head_size]`` with any strides (the last axis contiguous), K and V with the same strides and V
+  the same number of bytes after K in every layer: views of a buffer in any physical order
+  (SGLang's host pools: K in one half of the buffer, V in the other)
 
 The fixed layouts want contiguous layers; the packed ones are registered by their strides.
 """
@@ -44,6 +48,7 @@ LAYOUTS = {
     "packed": _lib.KV_STRIDED,
     "packed_cpu": _lib.KV_STRIDED,
     "packed_mla": _lib.KV_MLA_STRIDED,
+    "strided": _lib.KV_STRIDED,
 }
 _SHAPES = {
     "vllm": "[2, num_blocks, block_size, num_kv_heads, head_size]",
@@ -53,8 +58,9 @@ _SHAPES = {
     "packed": "[num_blocks, num_kv_heads, block_size, 2 * head_size]",
     "packed_cpu": "[num_blocks, num_kv_heads, block_size, 2 * head_size]",
     "packed_mla": "[num_blocks, 1, block_size, head_size]",
+    "strided": "[num_blocks, num_kv_heads, block_size, head_size] (K and V)",
 }
-_PACKED = ("packed", "packed_cpu", "packed_mla")
+_PACKED = ("packed", "packed_cpu", "packed_mla", "strided")
 _U32 = 0xFFFFFFFF
 
 
@@ -123,7 +129,7 @@ def _dims(shape: Tuple[int, ...], layout: str, block_size: int, name: str) -> Tu
     """(num_blocks, kv_heads, head_size) of one layer's shape under `layout`."""
     want = _SHAPES[layout]
     ndim = {"vllm": 5, "flashinfer": 5, "mla": 3, "sglang": 3, "packed": 4, "packed_cpu": 4,
-            "packed_mla": 4}[layout]
+            "packed_mla": 4, "strided": 4}[layout]
     if len(shape) != ndim:
         raise ValueError(f"{name}: a {layout} layer is {want}; got shape {shape}")
     if layout == "vllm":
@@ -139,6 +145,9 @@ def _dims(shape: Tuple[int, ...], layout: str, block_size: int, name: str) -> Tu
         if channels % 2:
             raise ValueError(f"{name}: a packed layer's last axis is K then V (2 * head_size); "
                              f"got {channels}, an odd size (shape {shape})")
+    elif layout == "strided":
+        num_blocks, heads, bs, head = shape
+        two = 2
     elif layout == "packed_mla":
         num_blocks, one, bs, head = shape
         two, heads = 2, 1
@@ -165,7 +174,13 @@ def _dims(shape: Tuple[int, ...], layout: str, block_size: int, name: str) -> Tu
 
 
 def _tensors(layers: Sequence[Any], layout: str) -> List[Tuple[str, Any]]:
-    """(name, tensor) for every tensor of `layers` (SGLang: K and V of each layer)."""
+    """(name, tensor) for every tensor of `layers` (SGLang: K and V of each layer; strided: K,
+    its V checked against it)."""
+    if layout == "strided":
+        for i, pair in enumerate(layers):
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                raise TypeError(f"layers[{i}]: a strided layer is a (k, v) pair of views")
+        return [(f"layers[{i}][0]", pair[0]) for i, pair in enumerate(layers)]
     if layout != "sglang":
         return [(f"layers[{i}]", t) for i, t in enumerate(layers)]
     out: List[Tuple[str, Any]] = []
@@ -179,8 +194,10 @@ def _tensors(layers: Sequence[Any], layout: str) -> List[Tuple[str, Any]]:
 class _Allocations:
     """The allocations a registration's layers lie in, each once (layers may share one)."""
 
-    def __init__(self, reg: Registration) -> None:
+    def __init__(self, reg: Registration,
+                 process_memory: Optional[Tuple[int, int]] = None) -> None:
         self.reg = reg
+        self.process_memory = process_memory  # (base, bytes) the node copies without mapping
         self.cuda: Dict[int, Any] = {}  # base -> _cuda.CudaAllocation
         self.cuda_device: Any = None
         self.first = ""
@@ -204,9 +221,18 @@ class _Allocations:
                 self.reg.allocations.append(alloc)
         else:
             m = host_memory_of(view.ptr, _extent(view))
+            if m is None and self.process_memory is not None:
+                base, nbytes = self.process_memory
+                if not (base <= view.ptr and view.ptr + _extent(view) <= base + nbytes):
+                    raise ValueError(f"{name}: outside process_memory ({base:#x}, {nbytes})")
+                if not self.reg.allocations:
+                    self.reg.allocations.append(_lib.KvAllocation(
+                        kind=_lib.MEMORY_HOST_PROCESS, base=base, bytes=nbytes, fd=-1))
+                self.reg.buffers.append((base, nbytes, view.ptr - base))
+                return
             if m is None:
                 raise ValueError(f"{name}: not in memory the node can map; allocate the KV cache "
-                                 "with kvnode.host_array()")
+                                 "with kvnode.host_array() (or pass process_memory)")
             base, nbytes = m.base, m.nbytes
             if not any(x.base == base for x in self.reg.allocations):
                 self.reg.allocations.append(_lib.KvAllocation(
@@ -233,6 +259,8 @@ def _packed_strides(name: str, view: ArrayView, layout: str) -> Tuple[int, int, 
         strides = (heads * bs * channels * view.itemsize, bs * channels * view.itemsize,
                    channels * view.itemsize, view.itemsize)
     block, head, token, channel = strides
+    if layout == "strided":
+        channel = channel if view.shape[3] > 1 else view.itemsize  # one element: any stride
     if channel != view.itemsize or min(strides) < 0:
         raise ValueError(f"{name}: a {layout} layer's last axis must be contiguous with positive "
                          f"strides; got strides {strides} (bytes) for shape {view.shape}")
@@ -242,7 +270,22 @@ def _packed_strides(name: str, view: ArrayView, layout: str) -> Tuple[int, int, 
             raise ValueError(f"{name}: a packed_cpu layer's (block, head) pages must be "
                              f"contiguous; got strides {strides} (bytes) for shape {view.shape}")
         return block, row, head, view.shape[2] * row  # K rows, then the page's V rows
+    if layout == "strided":
+        return block, token, head, 0  # v_offset: from the V view (_strided_v)
     return block, token, head, row if layout == "packed" else 0
+
+
+def _strided_v(layers: Sequence[Any], i: int, k: ArrayView, on_cuda: bool) -> int:
+    """The bytes from layer i's K to its V (a strided pair); ValueError naming the V view."""
+    name = f"layers[{i}][1]"
+    v, v_cuda = _view(layers[i][1], name)
+    _same(name, v, v_cuda, f"layers[{i}][0]", k, on_cuda)
+    if v.strides != k.strides:
+        raise ValueError(f"{name}: strides {v.strides} differ from its K's {k.strides}")
+    if v.ptr <= k.ptr:
+        raise ValueError(f"{name}: V must lie after K in memory (K at {k.ptr:#x}, V at "
+                         f"{v.ptr:#x})")
+    return v.ptr - k.ptr
 
 
 def _same(name: str, view: ArrayView, on_cuda: bool, first: str, v0: ArrayView,
@@ -258,7 +301,8 @@ def _same(name: str, view: ArrayView, on_cuda: bool, first: str, v0: ArrayView,
         raise ValueError(f"{name}: dtype {view.dtype} differs from {first}'s {v0.dtype}")
 
 
-def plan(layers: Sequence[Any], block_size: int, layout: str) -> Registration:
+def plan(layers: Sequence[Any], block_size: int, layout: str,
+         process_memory: Optional[Tuple[int, int]] = None) -> Registration:
     """Checks `layers` and finds their allocations; the registration to send."""
     if isinstance(layers, (str, bytes)) or not isinstance(layers, Sequence):
         raise TypeError(
@@ -275,11 +319,23 @@ def plan(layers: Sequence[Any], block_size: int, layout: str) -> Registration:
         head_size=head, elem_bytes=v0.itemsize, dtype=v0.dtype,
         device="cuda" if cuda0 else "host",
     )
-    allocations = _Allocations(reg)
+    allocations = _Allocations(reg, process_memory)
     for i, (name, tensor) in enumerate(tensors):
         view, on_cuda = (v0, cuda0) if i == 0 else _view(tensor, name)
         _same(name, view, on_cuda, first_name, v0, cuda0)
         _check_layout(reg, name, view, layout)
+        if layout == "strided":
+            v_offset = _strided_v(layers, i, view, on_cuda)
+            assert reg.strides is not None
+            if i == 0:
+                reg.strides = reg.strides[:3] + (v_offset,)
+            elif v_offset != reg.strides[3]:
+                raise ValueError(f"layers[{i}][1]: V lies {v_offset} bytes after K, in "
+                                 f"layers[0] {reg.strides[3]}: one distance for every layer")
+            # V must lie in K's allocation: the node maps that one (checked by the node too).
+            allocations.add(f"layers[{i}][1]", _view(layers[i][1], f"layers[{i}][1]")[0],
+                            on_cuda)
+            reg.buffers.pop()  # V is not a buffer of its own: K's offset plus v_offset
         allocations.add(name, view, on_cuda)
     return reg
 
@@ -294,6 +350,6 @@ def _check_layout(reg: Registration, name: str, view: ArrayView, layout: str) ->
     strides = _packed_strides(name, view, layout)
     if reg.strides is None:
         reg.strides = strides
-    elif strides != reg.strides:
+    elif strides[:3] != reg.strides[:3]:
         raise ValueError(f"{name}: strides {view.strides} differ from the first layer's; a "
                          f"{layout} cache's layers share one layout")

@@ -88,6 +88,7 @@ CONNECT_FIELD_SHARED_MEMORY = 1 << 1
 KV_XFER_FIELD_RETRIEVE = 1 << 0
 KV_XFER_FIELD_WAIT_EVENT = 1 << 1
 KV_XFER_FIELD_DONE_EVENT = 1 << 2
+KV_XFER_FIELD_HASHES = 1 << 3
 NODE_INFO_FIELD_CHUNK_BYTES = 1 << 0
 NODE_INFO_FIELD_CHUNK_SIZE = 1 << 1
 NODE_INFO_FIELD_PAGES = 1 << 2
@@ -107,6 +108,7 @@ RESERVED_WORDS = 4  # the reserved words ending kvnode_kv_buffer_t and kvnode_kv
 MEMORY_HOST_FD = 0
 MEMORY_CUDA_IPC = 1
 MEMORY_CUDA_VMM = 2
+MEMORY_HOST_PROCESS = 3  # this process's own memory: the node uses process_vm_readv/writev
 
 # kvnode_kv_preset_t
 KV_VLLM = 0
@@ -116,7 +118,7 @@ KV_SGLANG = 3
 KV_STRIDED = 4
 KV_MLA_STRIDED = 5
 KV_REGISTER_FIELD_STRIDES = 1 << 0
-PREFIX_FIELDS_ALL = (1 << 5) - 1  # KVNODE_PREFIX_FIELDS_ALL
+PREFIX_FIELDS_ALL = (1 << 6) - 1  # KVNODE_PREFIX_FIELDS_ALL
 
 
 class ErrorStruct(Structure):
@@ -216,6 +218,7 @@ class PrefixInfo(Structure):
         ("pulled", c_uint64),
         ("peer_tokens", c_uint64),
         ("peer", c_char * NAME_BYTES),
+        ("peer_chunks", c_uint64),
     ]
 
 
@@ -231,6 +234,8 @@ class KvTransferParams(Structure):
         ("retrieve", c_int),
         ("wait_event", c_uint8 * CUDA_IPC_HANDLE_BYTES),
         ("done_event", c_uint8 * CUDA_IPC_HANDLE_BYTES),
+        ("hashes", c_void_p),  # const int64_t*, KV_XFER_FIELD_HASHES
+        ("num_hashes", c_size_t),
     ]
 
 
@@ -263,6 +268,18 @@ _PROTOTYPES = {
         [c_void_p, c_void_p, c_size_t, POINTER(PrefixInfo), POINTER(ErrorStruct)],
     ),
     "kvnode_retrieve": (
+        c_int,
+        [c_void_p, c_void_p, c_size_t, POINTER(PrefixInfo), POINTER(ErrorStruct)],
+    ),
+    "kvnode_lookup_chunks": (
+        c_int,
+        [c_void_p, c_void_p, c_size_t, POINTER(c_size_t), POINTER(ErrorStruct)],
+    ),
+    "kvnode_lookup_peers_chunks": (
+        c_int,
+        [c_void_p, c_void_p, c_size_t, POINTER(PrefixInfo), POINTER(ErrorStruct)],
+    ),
+    "kvnode_retrieve_chunks": (
         c_int,
         [c_void_p, c_void_p, c_size_t, POINTER(PrefixInfo), POINTER(ErrorStruct)],
     ),

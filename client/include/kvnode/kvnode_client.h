@@ -130,6 +130,17 @@ kvnode_status_t kvnode_client_info(kvnode_client_t* client, kvnode_node_info_t* 
 kvnode_status_t kvnode_lookup(kvnode_client_t* client, const int64_t* tokens, size_t num_tokens,
                               size_t* held_tokens, kvnode_error_t* err);
 
+/* ---- chunks by hash ------------------------------------------------------------------------- */
+
+/* An engine that names its chunks itself (SGLang's page hashes) passes 64-bit chunk hashes where
+ * others pass tokens: each hash is one chunk of the node's chunk_size tokens. The hashes are the
+ * chunks' names in the whole cluster (the controller's P2P lookup, kvctl lookup and move), so an
+ * engine folds everything that tells two deployments apart (model, rank) into them. */
+
+/* Leading chunks of `hashes` this node holds. One call at a time per client. */
+kvnode_status_t kvnode_lookup_chunks(kvnode_client_t* client, const int64_t* hashes,
+                                     size_t num_hashes, size_t* held_chunks, kvnode_error_t* err);
+
 /* ---- a prefix at this node's peers (P2P, through the controller) ------------------------------ */
 
 enum {
@@ -138,11 +149,12 @@ enum {
   KVNODE_PREFIX_FIELD_PULLED = 1u << 2,
   KVNODE_PREFIX_FIELD_PEER_TOKENS = 1u << 3,
   KVNODE_PREFIX_FIELD_PEER = 1u << 4,
+  KVNODE_PREFIX_FIELD_PEER_CHUNKS = 1u << 5,
 };
 #define KVNODE_PREFIX_FIELDS_ALL                                                          \
   ((uint64_t)(KVNODE_PREFIX_FIELD_TOKENS | KVNODE_PREFIX_FIELD_CHUNKS |                   \
               KVNODE_PREFIX_FIELD_PULLED | KVNODE_PREFIX_FIELD_PEER_TOKENS |              \
-              KVNODE_PREFIX_FIELD_PEER))
+              KVNODE_PREFIX_FIELD_PEER | KVNODE_PREFIX_FIELD_PEER_CHUNKS))
 /* What this node and its peers hold of a prefix: the fields prefix->field_mask asks for are
  * written (0 or "" when the call fails), no other byte. */
 typedef struct kvnode_prefix_info {
@@ -152,6 +164,7 @@ typedef struct kvnode_prefix_info {
   uint64_t pulled;      /* kvnode_retrieve: of them, pulled from `peer` */
   uint64_t peer_tokens; /* kvnode_lookup_peers: leading tokens `peer` holds (0: none holds more) */
   char peer[KVNODE_NAME_BYTES]; /* the peer's transfer URL; "" when none */
+  uint64_t peer_chunks; /* kvnode_lookup_peers: leading chunks `peer` holds (0: none holds more) */
 } kvnode_prefix_info_t;
 
 /* How much of `tokens` this node holds and, when not all, the peer the controller names for the
@@ -167,6 +180,14 @@ kvnode_status_t kvnode_lookup_peers(kvnode_client_t* client, const int64_t* toke
  * client. */
 kvnode_status_t kvnode_retrieve(kvnode_client_t* client, const int64_t* tokens, size_t num_tokens,
                                 kvnode_prefix_info_t* prefix, kvnode_error_t* err);
+/* The same two questions by chunk hash: `tokens` and `peer_tokens` answer 0, `chunks` and
+ * `peer_chunks` count. One call at a time per client. */
+kvnode_status_t kvnode_lookup_peers_chunks(kvnode_client_t* client, const int64_t* hashes,
+                                           size_t num_hashes, kvnode_prefix_info_t* prefix,
+                                           kvnode_error_t* err);
+kvnode_status_t kvnode_retrieve_chunks(kvnode_client_t* client, const int64_t* hashes,
+                                       size_t num_hashes, kvnode_prefix_info_t* prefix,
+                                       kvnode_error_t* err);
 
 /* ---- host memory the node can map (CPU engines, tests) ---------------------------------------- */
 
@@ -187,7 +208,11 @@ void kvnode_host_memory_free(kvnode_host_memory_t* memory);
 typedef enum kvnode_memory_kind {
   KVNODE_MEMORY_HOST_FD = 0,  /* host memory behind `fd` (kvnode_host_memory_fd) */
   KVNODE_MEMORY_CUDA_IPC = 1, /* device memory: `ipc_handle` = cudaIpcGetMemHandle(base) */
-  KVNODE_MEMORY_CUDA_VMM = 2  /* device memory: `fd` from cuMemExportToShareableHandle */
+  KVNODE_MEMORY_CUDA_VMM = 2,  /* device memory: `fd` from cuMemExportToShareableHandle */
+  /* Host memory of this process the node cannot map (anonymous memory): the node copies with
+   * process_vm_readv/writev (cross-memory attach), so it must be allowed to ptrace this process
+   * (the same user, Yama's ptrace_scope 0 or PR_SET_PTRACER); `fd` unused. */
+  KVNODE_MEMORY_HOST_PROCESS = 3
 } kvnode_memory_kind_t;
 
 /* An array element: ends in reserved words that must be zero (see the conventions above). */
@@ -268,16 +293,21 @@ enum {
   KVNODE_KV_XFER_FIELD_RETRIEVE = 1u << 0,   /* retrieve (load only: a store refuses it) */
   KVNODE_KV_XFER_FIELD_WAIT_EVENT = 1u << 1, /* wait_event */
   KVNODE_KV_XFER_FIELD_DONE_EVENT = 1u << 2, /* done_event */
+  KVNODE_KV_XFER_FIELD_HASHES = 1u << 3,     /* hashes: the chunks by hash, not by tokens */
 };
 typedef struct kvnode_kv_transfer_params {
   uint64_t field_mask;
-  const int64_t* tokens;     /* required: the sequence's token ids (hashed by the node) */
+  /* Required without KVNODE_KV_XFER_FIELD_HASHES: the sequence's token ids (hashed by the node).
+   * With it, tokens is NULL and num_tokens the tokens `hashes` cover (0: every chunk whole). */
+  const int64_t* tokens;
   size_t num_tokens;
   const uint32_t* block_ids; /* required: one per block_size tokens, in order */
   size_t num_block_ids;
   int retrieve;              /* load: pull what this node lacks from a peer first */
   uint8_t wait_event[64];    /* cudaIpcEventHandle_t the node's copies wait for */
   uint8_t done_event[64];    /* cudaIpcEventHandle_t the node records once they landed */
+  const int64_t* hashes;     /* KVNODE_KV_XFER_FIELD_HASHES: one per chunk, in order */
+  size_t num_hashes;
 } kvnode_kv_transfer_params_t;
 
 enum {

@@ -117,3 +117,23 @@ extern "C" kvnode_status_t kvnode_lookup(kvnode_client_t* client, const int64_t*
     return ok(err);
   });
 }
+
+extern "C" kvnode_status_t kvnode_lookup_chunks(kvnode_client_t* client, const int64_t* hashes,
+                                                size_t num_hashes, size_t* held_chunks,
+                                                kvnode_error_t* err) {
+  return guarded(err, [&] {
+    if (client == nullptr) return invalid("kvnode_lookup_chunks: client is NULL", err);
+    if (held_chunks == nullptr) return invalid("kvnode_lookup_chunks: held_chunks is NULL", err);
+    *held_chunks = 0;
+    if (hashes == nullptr && num_hashes > 0)
+      return invalid("kvnode_lookup_chunks: hashes is NULL", err);
+    if (num_hashes == 0) return ok(err);
+    auto present = client->client->contains(kvnode::client::ChunkKeys::of_hashes(
+        std::vector<std::int64_t>(hashes, hashes + num_hashes)));
+    if (!present) return fail(present.error(), err);
+    std::size_t held = 0;
+    while (held < present->size() && (*present)[held]) ++held;
+    *held_chunks = held;
+    return ok(err);
+  });
+}

@@ -19,9 +19,9 @@ using kvnode::c_api::invalid;
 using kvnode::c_api::ok;
 
 constexpr std::uint64_t kRegisterFields = KVNODE_KV_REGISTER_FIELD_STRIDES;
-constexpr std::uint64_t kTransferFields = KVNODE_KV_XFER_FIELD_RETRIEVE |
-                                          KVNODE_KV_XFER_FIELD_WAIT_EVENT |
-                                          KVNODE_KV_XFER_FIELD_DONE_EVENT;
+constexpr std::uint64_t kTransferFields =
+    KVNODE_KV_XFER_FIELD_RETRIEVE | KVNODE_KV_XFER_FIELD_WAIT_EVENT |
+    KVNODE_KV_XFER_FIELD_DONE_EVENT | KVNODE_KV_XFER_FIELD_HASHES;
 
 // Writes the result fields the caller asked for (its mask checked already), no other byte.
 void answer(kvnode_kv_result_t* result, const kc::KvTransferReply& r) {
@@ -112,6 +112,9 @@ Result<std::vector<kc::KvAllocation>> allocations_of(const kvnode_kv_register_pa
       case KVNODE_MEMORY_CUDA_VMM:
         out[i].kind = kc::KvMemoryKind::kCudaVmmFd;
         break;
+      case KVNODE_MEMORY_HOST_PROCESS:
+        out[i].kind = kc::KvMemoryKind::kHostProcess;
+        break;
       default:
         return bad("allocations[" + std::to_string(i) + "].kind: " +
                    std::to_string(static_cast<int>(a.kind)) + " is not a kvnode_memory_kind_t");
@@ -147,7 +150,16 @@ kvnode_status_t transfer(kvnode_kv_cache_t* cache, const kvnode_kv_transfer_para
   if (const kvnode_status_t s = check_fields(p->field_mask, kTransferFields, fn, err);
       s != KVNODE_OK)
     return s;
-  if (p->tokens == nullptr) return invalid(std::string(fn) + ": params->tokens: required", err);
+  const bool by_hash = (p->field_mask & KVNODE_KV_XFER_FIELD_HASHES) != 0;
+  if (by_hash) {
+    if (p->tokens != nullptr)
+      return invalid(std::string(fn) + ": params->tokens: NULL with hashes (num_tokens counts)",
+                     err);
+    if (p->hashes == nullptr && p->num_hashes > 0)
+      return invalid(std::string(fn) + ": params->hashes is NULL", err);
+  } else if (p->tokens == nullptr) {
+    return invalid(std::string(fn) + ": params->tokens: required", err);
+  }
   if (p->block_ids == nullptr)
     return invalid(std::string(fn) + ": params->block_ids: required", err);
   if (!load && (p->field_mask & KVNODE_KV_XFER_FIELD_RETRIEVE))
@@ -159,8 +171,15 @@ kvnode_status_t transfer(kvnode_kv_cache_t* cache, const kvnode_kv_transfer_para
                 std::string(fn) + ": the client this cache was registered through is closed", err);
   kc::KvTransfer t;
   t.kv = cache->id;
-  t.keys =
-      kc::ChunkKeys::of_tokens(std::vector<std::int64_t>(p->tokens, p->tokens + p->num_tokens));
+  if (by_hash) {
+    t.keys = kc::ChunkKeys::of_hashes(
+        p->num_hashes > 0 ? std::vector<std::int64_t>(p->hashes, p->hashes + p->num_hashes)
+                          : std::vector<std::int64_t>{});
+    t.num_tokens = p->num_tokens;
+  } else {
+    t.keys =
+        kc::ChunkKeys::of_tokens(std::vector<std::int64_t>(p->tokens, p->tokens + p->num_tokens));
+  }
   t.block_ids.assign(p->block_ids, p->block_ids + p->num_block_ids);
   t.retrieve = (p->field_mask & KVNODE_KV_XFER_FIELD_RETRIEVE) && p->retrieve != 0;
   if (p->field_mask & KVNODE_KV_XFER_FIELD_WAIT_EVENT) t.wait_event = handle_of(p->wait_event);

@@ -1,6 +1,6 @@
 // The C API's questions about a prefix beyond this node: kvnode_lookup_peers (who holds how
-// much, nothing moved) and kvnode_retrieve (pull what this node lacks). Both are the local
-// retrieve op, with and without its peek.
+// much, nothing moved) and kvnode_retrieve (pull what this node lacks), by tokens or (the
+// *_chunks twins) by chunk hash. All are the local retrieve op, with and without its peek.
 #include <string>
 #include <vector>
 
@@ -23,10 +23,12 @@ void answer(kvnode_prefix_info_t* p, const kc::RetrieveReply& r) {
   if (want & KVNODE_PREFIX_FIELD_PULLED) p->pulled = r.pulled;
   if (want & KVNODE_PREFIX_FIELD_PEER_TOKENS) p->peer_tokens = r.peer_tokens;
   if (want & KVNODE_PREFIX_FIELD_PEER) kvnode::c_api::copy_cut(p->peer, sizeof p->peer, r.peer);
+  if (want & KVNODE_PREFIX_FIELD_PEER_CHUNKS) p->peer_chunks = r.peer_chunks;
 }
 
-kvnode_status_t ask(std::string_view fn, kvnode_client_t* client, const int64_t* tokens,
-                    size_t num_tokens, kvnode_prefix_info_t* prefix, bool pull,
+// `keys` are tokens, or chunk hashes when by_hash.
+kvnode_status_t ask(std::string_view fn, kvnode_client_t* client, const int64_t* keys,
+                    size_t num_keys, kvnode_prefix_info_t* prefix, bool pull, bool by_hash,
                     kvnode_error_t* err) {
   if (client == nullptr) return invalid(std::string(fn) + ": client is NULL", err);
   if (prefix == nullptr) return invalid(std::string(fn) + ": prefix is NULL", err);
@@ -35,12 +37,13 @@ kvnode_status_t ask(std::string_view fn, kvnode_client_t* client, const int64_t*
       s != KVNODE_OK)
     return s;
   answer(prefix, {});  // zeroes until the node answers
-  if (tokens == nullptr && num_tokens > 0)
-    return invalid(std::string(fn) + ": tokens is NULL", err);
-  std::vector<std::int64_t> t;
-  if (num_tokens > 0) t.assign(tokens, tokens + num_tokens);
-  const kc::ChunkKeys keys = kc::ChunkKeys::of_tokens(std::move(t));
-  auto reply = pull ? client->client->retrieve(keys) : client->client->peek(keys);
+  if (keys == nullptr && num_keys > 0)
+    return invalid(std::string(fn) + (by_hash ? ": hashes is NULL" : ": tokens is NULL"), err);
+  std::vector<std::int64_t> values;
+  if (num_keys > 0) values.assign(keys, keys + num_keys);
+  const kc::ChunkKeys chunks = by_hash ? kc::ChunkKeys::of_hashes(std::move(values))
+                                       : kc::ChunkKeys::of_tokens(std::move(values));
+  auto reply = pull ? client->client->retrieve(chunks) : client->client->peek(chunks);
   if (!reply) return fail(reply.error(), err);
   answer(prefix, *reply);
   return ok(err);
@@ -52,13 +55,31 @@ extern "C" kvnode_status_t kvnode_lookup_peers(kvnode_client_t* client, const in
                                                size_t num_tokens, kvnode_prefix_info_t* prefix,
                                                kvnode_error_t* err) {
   return guarded(err, [&] {
-    return ask("kvnode_lookup_peers", client, tokens, num_tokens, prefix, false, err);
+    return ask("kvnode_lookup_peers", client, tokens, num_tokens, prefix, false, false, err);
   });
 }
 
 extern "C" kvnode_status_t kvnode_retrieve(kvnode_client_t* client, const int64_t* tokens,
                                            size_t num_tokens, kvnode_prefix_info_t* prefix,
                                            kvnode_error_t* err) {
-  return guarded(
-      err, [&] { return ask("kvnode_retrieve", client, tokens, num_tokens, prefix, true, err); });
+  return guarded(err, [&] {
+    return ask("kvnode_retrieve", client, tokens, num_tokens, prefix, true, false, err);
+  });
+}
+
+extern "C" kvnode_status_t kvnode_lookup_peers_chunks(kvnode_client_t* client,
+                                                      const int64_t* hashes, size_t num_hashes,
+                                                      kvnode_prefix_info_t* prefix,
+                                                      kvnode_error_t* err) {
+  return guarded(err, [&] {
+    return ask("kvnode_lookup_peers_chunks", client, hashes, num_hashes, prefix, false, true, err);
+  });
+}
+
+extern "C" kvnode_status_t kvnode_retrieve_chunks(kvnode_client_t* client, const int64_t* hashes,
+                                                  size_t num_hashes, kvnode_prefix_info_t* prefix,
+                                                  kvnode_error_t* err) {
+  return guarded(err, [&] {
+    return ask("kvnode_retrieve_chunks", client, hashes, num_hashes, prefix, true, true, err);
+  });
 }

@@ -26,6 +26,12 @@ enum class KvMemoryKind : std::uint8_t {
   kHostFd,     // host memory behind `fd` (a sealed memfd)
   kCudaIpc,    // device memory: `ipc_handle` from cudaIpcGetMemHandle(base)
   kCudaVmmFd,  // device memory: `fd` from cuMemExportToShareableHandle (POSIX fd)
+  // Host memory of the engine's own process at `base`, which the node cannot map (anonymous
+  // memory: SGLang's host pools): the node copies with process_vm_readv/writev (Linux
+  // cross-memory attach) into and out of the connected process, no mapping. The node must be
+  // allowed to ptrace the engine (the same user; Yama's ptrace_scope 0, or 1 with the engine
+  // allowing it); a node that is not refuses the registration.
+  kHostProcess,
 };
 const char* to_string(KvMemoryKind kind) noexcept;
 

@@ -1,9 +1,9 @@
 // A KvLayout as it crosses the local socket: allocations by how the node maps them (a memfd or
-// VMM fd travels beside the frame with SCM_RIGHTS, in allocation order; a CUDA IPC handle inside
-// it), tensors by allocation index and offset instead of this process's pointers. The engine's
-// side makes it with to_wire(); the node rebuilds a KvLayout in its own address space with
-// from_wire() from the bases it mapped, and validates it. Limits keep a hostile message from
-// costing the node memory.
+// VMM fd travels beside the frame with SCM_RIGHTS, in allocation order; a CUDA IPC handle or the
+// address of the engine's own memory inside it), tensors by allocation index and offset instead of
+// this process's pointers. The engine's side makes it with to_wire(); the node rebuilds a KvLayout
+// in its own address space with from_wire() from the bases it mapped, and validates it. Limits keep
+// a hostile message from costing the node memory.
 #pragma once
 
 #include <cstddef>
@@ -25,6 +25,7 @@ struct WireAllocation {
   KvMemoryKind kind = KvMemoryKind::kHostFd;
   std::uint64_t bytes = 0;
   std::vector<std::byte> handle{};  // kCudaIpc: the 64-byte IPC handle
+  std::uint64_t address = 0;        // kHostProcess: its base in the engine's address space
 };
 
 struct WireTensor {

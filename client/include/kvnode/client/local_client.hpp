@@ -65,7 +65,8 @@ struct RetrieveReply {
   std::size_t pulled = 0;       // of them, pulled from a peer
   std::size_t tokens = 0;       // by tokens: the leading tokens held
   std::string peer{};           // the peer pulled from (peek: the peer holding the most)
-  std::size_t peer_tokens = 0;  // peek: the leading tokens `peer` holds
+  std::size_t peer_tokens = 0;  // peek: the leading tokens `peer` holds (by tokens)
+  std::size_t peer_chunks = 0;  // peek: the leading chunks `peer` holds
 };
 
 // One logical put made of several put() calls: what the first call learns from the node.

@@ -11,11 +11,11 @@
 // (register_kv: a KvWireLayout, its descriptors beside the frame, "fds" of them), "kv" (the
 // registration), "block_ids", "num_tokens" (by hashes: tokens in all, the last chunk may be
 // unfull), "retrieve" (load: pull missing chunks from peers first), "peek" (retrieve: who holds
-// more, nothing pulled; answered with "peer" and "peer_tokens"), "wait_event" / "done_event"
-// (64-byte CUDA IPC event handles). Reply keys: "ok"; when not ok, "error" (for a person) and
-// "code" (for a program: an ErrorCode's to_string name, e.g. "frozen"); and what the op answers
-// (see local_client.hpp). Decoding checks every type and length and names the field path in its
-// errors; the op string is parsed once, into LocalOp.
+// more, nothing pulled; answered with "peer", "peer_tokens" and "peer_chunks"), "wait_event" /
+// "done_event" (64-byte CUDA IPC event handles). Reply keys: "ok"; when not ok, "error" (for a
+// person) and "code" (for a program: an ErrorCode's to_string name, e.g. "frozen"); and what the
+// op answers (see local_client.hpp). Decoding checks every type and length and names the field
+// path in its errors; the op string is parsed once, into LocalOp.
 #pragma once
 
 #include <cstddef>
@@ -102,6 +102,7 @@ struct Reply {
   std::uint64_t since = 0;   // put/reserve: the put's tick, for its later calls
   std::string peer{};        // retrieve, load
   std::uint64_t peer_tokens = 0;  // retrieve with peek: leading tokens `peer` holds
+  std::uint64_t peer_chunks = 0;  // retrieve with peek: leading chunks `peer` holds
   std::vector<std::byte> data{};  // get
   std::uint64_t kv = 0;           // register_kv: the registration's id
 };
