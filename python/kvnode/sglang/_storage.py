@@ -206,10 +206,11 @@ class KvnodeHiCacheStorage(HiCacheStorage):
         self.pool_chunks = geo.chunk_view(mem_pool_host.kv_buffer)
         kv = mem_pool_host.kv_buffer
         memory = (kv.data_ptr(), kv.numel() * kv.element_size())
-        self.get_path = _Path(self._link("get"), geo, self.pool_chunks, memory,
-                              self.config.zero_copy)
-        self.set_path = _Path(self._link("set"), geo, self.pool_chunks, memory,
-                              self.config.zero_copy)
+        # page_head's runs are one head's row (head_dim elements): through process_vm_readv
+        # that ran at a quarter of the bounce path's rate (docs/benchmarks.md), so it bounces.
+        zero_copy = self.config.zero_copy and not (not geo.mla and geo.layout == "page_head")
+        self.get_path = _Path(self._link("get"), geo, self.pool_chunks, memory, zero_copy)
+        self.set_path = _Path(self._link("set"), geo, self.pool_chunks, memory, zero_copy)
         try:  # a mismatch is a configuration error: say so now, not at the first store
             client = kvnode.connect(self.node_path, timeout=self.config.timeout_s)
         except kvnode.Error as e:
@@ -218,9 +219,10 @@ class KvnodeHiCacheStorage(HiCacheStorage):
             return
         with client:
             _check_geometry(client, geo)
-        log.info("kvnode.sglang %s: node %s, %s host pool %s, %d pages of %d tokens (%d bytes)",
-                 self.what, self.node_path, "MLA" if geo.mla else "MHA", geo.layout, geo.pages,
-                 geo.page_size, geo.page_bytes)
+        log.info("kvnode.sglang %s: node %s, %s host pool %s, %d pages of %d tokens (%d bytes), "
+                 "%s", self.what, self.node_path, "MLA" if geo.mla else "MHA", geo.layout,
+                 geo.pages, geo.page_size, geo.page_bytes,
+                 "zero-copy" if zero_copy else "through a bounce buffer")
 
     def close(self) -> None:
         """Ends the connections; the node drops the registrations."""
