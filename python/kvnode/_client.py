@@ -2,7 +2,9 @@
 
 Each wraps a C handle. The C API serves one call at a time per client, so a Client holds a lock
 around every call of its own and of its caches: threads may share them (ctypes releases the GIL
-during the call, so other Python threads run meanwhile). Closing a Client closes its caches
+during the call, so other Python threads run meanwhile). A question (lookup, lookup_chunks,
+lookup_peers, ...) asked while another thread's store or load holds that lock goes over a second
+connection, opened the first time it is needed, so it never waits behind the copy. Closing a Client closes its caches
 first; handles left open are closed when their object is collected (weakref.finalize), caches
 before their client since a cache keeps its client alive. The lock is re-entrant: the cyclic GC
 may collect a KVCache, and run its finalizer, in the middle of one of its client's calls on the
@@ -13,12 +15,13 @@ lock: a store or load costs one ctypes call plus the argument conversion.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import numbers
 import os
 import threading
 import weakref
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import _lib
 from ._args import as_block_ids, as_tokens, positive_int
@@ -33,20 +36,43 @@ _MAX_TIMEOUT_S = 24.0 * 60 * 60  # kvnode_connect's bound: past a day a timeout 
 class _ClientState:
     """The C client handle and what its finalizer needs (never the Client itself)."""
 
-    def __init__(self, handle: int) -> None:
+    def __init__(self, handle: int, path: bytes = b"", timeout_s: float = 15.0) -> None:
         self.handle: Optional[int] = handle
+        self.path, self.timeout_s = path, timeout_s  # to open the questions' connection
+        self.side: Optional["_ClientState"] = None  # that connection, once opened
+        self.side_lock = threading.Lock()
         # Re-entrant: a finalizer may close a cache while this thread holds it (module docstring).
         self.lock = threading.RLock()
         self.caches: "weakref.WeakSet[_CacheState]" = weakref.WeakSet()
         self.err = _lib.ErrorStruct()
 
     def close(self) -> None:
+        with self.side_lock:
+            side, self.side = self.side, None
+        if side is not None:
+            side.close()
         with self.lock:
             for cache in list(self.caches):
                 cache.close_locked()
             handle, self.handle = self.handle, None  # cleared first: a re-entrant close skips it
             if handle is not None:
                 _lib.library().kvnode_client_close(handle)
+
+    def side_state(self) -> "_ClientState":
+        """The questions' connection, opened on first use (kvnode.Error if the node is gone)."""
+        with self.side_lock:
+            if self.side is None:
+                if self.handle is None:
+                    raise Error("the client is closed", "invalid", _lib.ERR_INVALID)
+                params = _lib.ConnectParams(field_mask=_lib.CONNECT_FIELD_TIMEOUT,
+                                            socket_path=self.path, timeout_s=self.timeout_s)
+                handle = ctypes.c_void_p()
+                err = _lib.ErrorStruct()
+                _lib.check(_lib.library().kvnode_connect(ctypes.byref(params),
+                                                         ctypes.byref(handle),
+                                                         ctypes.byref(err)), err, "kvnode_connect")
+                self.side = _ClientState(handle.value)
+            return self.side
 
 
 class _CacheState:
@@ -102,7 +128,7 @@ def connect(socket_path: Union[str, "os.PathLike[str]"], timeout: float = 15.0) 
     err = _lib.ErrorStruct()
     _lib.check(lib.kvnode_connect(ctypes.byref(params), ctypes.byref(handle), ctypes.byref(err)),
                err, "kvnode_connect")
-    return Client(_ClientState(handle.value), path)
+    return Client(_ClientState(handle.value, os.fsencode(path), seconds), path)
 
 
 def _socket_path(socket_path: Any) -> str:
@@ -172,6 +198,24 @@ class Client:
             raise Error(f"{what}: the client is closed", "invalid", _lib.ERR_INVALID)
         return handle
 
+    @contextlib.contextmanager
+    def _asking(self, what: str) -> Iterator[Tuple[_ClientState, int]]:
+        """(state, handle) for a question: this client's connection when no other thread
+        holds it, else the second connection (a store or load in flight never delays it)."""
+        state = self._state
+        if state.lock.acquire(blocking=False):
+            try:
+                yield state, self._handle(what)
+            finally:
+                state.lock.release()
+            return
+        self._handle(what)  # closed: say so, rather than open a second connection
+        side = state.side_state()
+        with side.lock:
+            if side.handle is None:
+                raise Error(f"{what}: the client is closed", "invalid", _lib.ERR_INVALID)
+            yield side, side.handle
+
     @property
     def info(self) -> Dict[str, Any]:
         """The node's shape: ``chunk_bytes`` (bytes per chunk, one pool page), ``chunk_size``
@@ -207,9 +251,7 @@ class Client:
         """
         keep, ptr, n = as_tokens(tokens)
         held = ctypes.c_size_t()
-        state = self._state
-        with state.lock:
-            handle = self._handle("lookup")
+        with self._asking("lookup") as (state, handle):
             code = _lib.library().kvnode_lookup(handle, ptr, n, ctypes.byref(held),
                                                 ctypes.byref(state.err))
             _lib.check(code, state.err, "kvnode_lookup")
@@ -220,9 +262,7 @@ class Client:
         """Leading chunks of `hashes` (64-bit chunk hashes, one per chunk) this node holds."""
         keep, ptr, n = as_tokens(hashes, "hashes")
         held = ctypes.c_size_t()
-        state = self._state
-        with state.lock:
-            handle = self._handle("lookup_chunks")
+        with self._asking("lookup_chunks") as (state, handle):
             code = _lib.library().kvnode_lookup_chunks(handle, ptr, n, ctypes.byref(held),
                                                        ctypes.byref(state.err))
             _lib.check(code, state.err, "kvnode_lookup_chunks")
@@ -235,9 +275,7 @@ class Client:
         name = "kvnode_retrieve" if pull else "kvnode_lookup_peers"
         if by_hash:
             name += "_chunks"
-        state = self._state
-        with state.lock:
-            handle = self._handle(name[len("kvnode_"):])
+        with self._asking(name[len("kvnode_"):]) as (state, handle):
             code = getattr(_lib.library(), name)(handle, ptr, n, ctypes.byref(out),
                                                  ctypes.byref(state.err))
             _lib.check(code, state.err, name)

@@ -90,3 +90,37 @@ def test_peers_by_hash(cluster):
     a = whole.reshape(2, PAGES, -1)
     b = whole_b.reshape(2, PAGES, -1)
     assert np.array_equal(b[:, [7, 6, 5, 4]].view(np.uint16), a[:, [0, 1, 2, 3]].view(np.uint16))
+
+
+def test_a_question_never_waits_behind_another_threads_copy(cluster):
+    """A lookup while another thread holds the client (a long store or load) answers over the
+    client's second connection, at once and right."""
+    import threading
+
+    rng = np.random.default_rng(13)
+    layers, _ = page_first()
+    keys = hashes_of(rng, 2)
+    with kvnode.connect(cluster.a.socket) as client:
+        with client.register_kv_cache(layers, BLOCK, layout="strided") as kv:
+            assert kv.store_chunks(keys, [0, 1]) == 2
+        held, release = threading.Event(), threading.Event()
+
+        def copy_in_flight():  # what a store holds for its whole copy
+            with client._state.lock:
+                held.set()
+                release.wait(30)
+
+        t = threading.Thread(target=copy_in_flight)
+        t.start()
+        try:
+            assert held.wait(30)
+            began = time.monotonic()
+            assert client.lookup_chunks(keys) == 2
+            assert client.lookup_peers_chunks(keys)["chunks"] == 2
+            assert time.monotonic() - began < 5, "the question waited for the copy"
+            assert client._state.side is not None
+        finally:
+            release.set()
+            t.join()
+        assert client.lookup_chunks(keys) == 2  # the client's own connection again
+    assert client._state.side is None  # closed with the client
