@@ -1,6 +1,9 @@
 #include "kvnode/client/local_client.hpp"
 
+#include <fcntl.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -21,7 +24,31 @@ Error with_stored(Error e, std::size_t stored) {
 
 }  // namespace
 
+// One call at a time per client (local_client.hpp): a second call at the same time would share the
+// connection and the staging slots (wrong answers, timeouts), so it is refused at once.
+class OneCall {
+ public:
+  explicit OneCall(std::atomic<bool>& busy)
+      : busy_(busy), mine_(!busy.exchange(true, std::memory_order_acquire)) {}
+  ~OneCall() {
+    if (mine_) busy_.store(false, std::memory_order_release);
+  }
+  OneCall(const OneCall&) = delete;
+  OneCall& operator=(const OneCall&) = delete;
+  explicit operator bool() const { return mine_; }
+  static Error refused() {
+    return Error{ErrorCode::kInvalid,
+                 "busy: one call at a time per client (another thread's call on this client is "
+                 "in progress; use a client per thread)"};
+  }
+
+ private:
+  std::atomic<bool>& busy_;
+  bool mine_;
+};
+
 struct LocalClient::Impl {
+  std::atomic<bool> busy{false};  // a call is in progress (one at a time per client)
   std::string path;
   LocalClientOptions options;
   UniqueFd socket;  // invalid between a broken connection and the next call
@@ -220,6 +247,8 @@ bool LocalClient::shared_memory() const {
 
 Result<std::size_t> LocalClient::put(const ChunkKeys& keys, std::span<const std::byte> data,
                                      PutSeries* series) {
+  const OneCall one(impl_->busy);
+  if (!one) return OneCall::refused();
   Impl& m = *impl_;
   const std::size_t chunk = m.info.chunk_bytes;
   Result<std::vector<std::int64_t>> hashed = m.hashes_of(keys);
@@ -285,6 +314,8 @@ Result<std::size_t> LocalClient::put(const ChunkKeys& keys, std::span<const std:
 }
 
 Result<std::size_t> LocalClient::get(const ChunkKeys& keys, std::span<std::byte> out) {
+  const OneCall one(impl_->busy);
+  if (!one) return OneCall::refused();
   Impl& m = *impl_;
   const std::size_t chunk = m.info.chunk_bytes;
   Result<std::vector<std::int64_t>> hashed = m.hashes_of(keys);
@@ -330,8 +361,10 @@ Result<std::size_t> LocalClient::get(const ChunkKeys& keys, std::span<std::byte>
     if (got < n) break;  // the stored prefix ends here
   }
   if (read == fits && fits < all.size()) {
-    Result<std::vector<bool>> more = contains(ChunkKeys::of_hashes({all[fits]}));
-    if (more && !more->empty() && (*more)[0])
+    // Asked here, not through contains(): this call holds the client (OneCall).
+    Result<protocol::Reply> more =
+        m.call(m.request(protocol::LocalOp::kContains, ChunkKeys::of_hashes({all[fits]})));
+    if (more && !more->present.empty() && more->present[0])
       return make_error(ErrorCode::kInvalid,
                         "the buffer holds " + std::to_string(fits) + " chunks; more are stored");
   }
@@ -339,16 +372,22 @@ Result<std::size_t> LocalClient::get(const ChunkKeys& keys, std::span<std::byte>
 }
 
 Result<std::vector<bool>> LocalClient::contains(const ChunkKeys& keys) {
+  const OneCall one(impl_->busy);
+  if (!one) return OneCall::refused();
   Result<protocol::Reply> r = impl_->call(impl_->request(protocol::LocalOp::kContains, keys));
   if (!r) return r.error();
   return std::move(r->present);
 }
 
 Result<std::vector<std::int64_t>> LocalClient::hashes(const std::vector<std::int64_t>& tokens) {
+  const OneCall one(impl_->busy);
+  if (!one) return OneCall::refused();
   return impl_->hashes_of(ChunkKeys::of_tokens(tokens));
 }
 
 Result<std::size_t> LocalClient::lookup(const std::vector<std::int64_t>& tokens) {
+  const OneCall one(impl_->busy);
+  if (!one) return OneCall::refused();
   Result<protocol::Reply> r =
       impl_->call(impl_->request(protocol::LocalOp::kLookup, ChunkKeys::of_tokens(tokens)));
   if (!r) return r.error();
@@ -356,12 +395,16 @@ Result<std::size_t> LocalClient::lookup(const std::vector<std::int64_t>& tokens)
 }
 
 Result<RetrieveReply> LocalClient::retrieve(const ChunkKeys& keys) {
+  const OneCall one(impl_->busy);
+  if (!one) return OneCall::refused();
   Result<protocol::Reply> r = impl_->call(impl_->request(protocol::LocalOp::kRetrieve, keys));
   if (!r) return r.error();
   return RetrieveReply{r->count, r->pulled, r->tokens, r->peer};
 }
 
 Result<RetrieveReply> LocalClient::peek(const ChunkKeys& keys) {
+  const OneCall one(impl_->busy);
+  if (!one) return OneCall::refused();
   protocol::Request q = impl_->request(protocol::LocalOp::kRetrieve, keys);
   q.peek = true;
   Result<protocol::Reply> r = impl_->call(q);
@@ -371,13 +414,22 @@ Result<RetrieveReply> LocalClient::peek(const ChunkKeys& keys) {
 
 Result<std::uint64_t> LocalClient::register_kv(const KvLayout& layout,
                                                std::span<const KvAllocation> allocations) {
+  const OneCall one(impl_->busy);
+  if (!one) return OneCall::refused();
   Impl& m = *impl_;
   Result<KvWireLayout> wire = to_wire(layout, allocations);
   if (!wire) return wire.error();
   Impl::Registered reg;
-  for (const KvAllocation& a : allocations)
-    if (a.kind == KvMemoryKind::kHostFd || a.kind == KvMemoryKind::kCudaVmmFd)
-      reg.fds.push_back(a.fd);
+  for (std::size_t i = 0; i < allocations.size(); ++i) {
+    const KvAllocation& a = allocations[i];
+    if (a.kind != KvMemoryKind::kHostFd && a.kind != KvMemoryKind::kCudaVmmFd) continue;
+    // Checked here: sendmsg would fail with EBADF, which reads as a lost connection.
+    if (::fcntl(a.fd, F_GETFD) < 0)
+      return make_error(ErrorCode::kInvalid, "allocations[" + std::to_string(i) +
+                                                 "].fd: " + std::to_string(a.fd) +
+                                                 " is not an open descriptor");
+    reg.fds.push_back(a.fd);
+  }
   reg.request.op = protocol::LocalOp::kRegisterKv;
   reg.request.kv_layout = std::move(wire).value();
   reg.request.fds = reg.fds.size();
@@ -390,6 +442,8 @@ Result<std::uint64_t> LocalClient::register_kv(const KvLayout& layout,
 }
 
 Status LocalClient::unregister_kv(std::uint64_t kv) {
+  const OneCall one(impl_->busy);
+  if (!one) return OneCall::refused();
   Impl& m = *impl_;
   const auto it = m.registrations.find(kv);
   if (it == m.registrations.end())
@@ -426,10 +480,14 @@ Result<KvTransferReply> kv_transfer(LocalClient::Impl& m, protocol::LocalOp op,
 }  // namespace
 
 Result<KvTransferReply> LocalClient::store(const KvTransfer& transfer) {
+  const OneCall one(impl_->busy);
+  if (!one) return OneCall::refused();
   return kv_transfer(*impl_, protocol::LocalOp::kStore, transfer);
 }
 
 Result<KvTransferReply> LocalClient::load(const KvTransfer& transfer) {
+  const OneCall one(impl_->busy);
+  if (!one) return OneCall::refused();
   return kv_transfer(*impl_, protocol::LocalOp::kLoad, transfer);
 }
 

@@ -83,16 +83,22 @@ std::string op_names() {
 template <class OnField>
 Status read_map(std::span<const std::byte> bytes, const char* root, OnField on_field) {
   msgpack::object_handle handle;
+  std::size_t used = 0;
   try {
     // Depth 4: request -> kv_layout -> allocations -> one allocation.
     const msgpack::unpack_limit limits(std::max(kMaxKeys, kMaxBlockIds), 32, 4096, kMaxInlineBytes,
                                        0, 4);
-    handle = msgpack::unpack(reinterpret_cast<const char*>(bytes.data()), bytes.size(), nullptr,
-                             nullptr, limits);
+    handle = msgpack::unpack(reinterpret_cast<const char*>(bytes.data()), bytes.size(), used,
+                             nullptr, nullptr, limits);
   } catch (const std::exception& e) {
     return make_error(ErrorCode::kInvalid,
                       std::string(root) + ": not a valid msgpack message (" + e.what() + ")");
   }
+  // One message per frame: anything after it (a second map, stray bytes) is a sender's bug.
+  if (used != bytes.size())
+    return make_error(ErrorCode::kInvalid, std::string(root) + ": " +
+                                               std::to_string(bytes.size() - used) +
+                                               " bytes after the message (one map per frame)");
   const msgpack::object& o = handle.get();
   if (o.type != msgpack::type::MAP)
     return make_error(ErrorCode::kInvalid, std::string(root) + ": expected a map");

@@ -119,6 +119,28 @@ TEST(LocalProtocol, AnUnknownOpIsRefusedOnDecodingWithTheKnownOnes) {
       << r.error().message;
 }
 
+// One map per frame: bytes after it (a stray byte, a second map) are refused, not ignored.
+TEST(LocalProtocol, BytesAfterTheMessageAreRefused) {
+  Request q;
+  q.op = LocalOp::kInfo;
+  const std::vector<std::byte> one = encode(q);
+  ASSERT_TRUE(decode_request(one));
+  std::vector<std::byte> stray = one;
+  stray.push_back(std::byte{0xc0});  // msgpack nil
+  Result<Request> r = decode_request(stray);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, ErrorCode::kInvalid);
+  EXPECT_NE(r.error().message.find("1 bytes after the message"), std::string::npos)
+      << r.error().message;
+  std::vector<std::byte> two = one;
+  two.insert(two.end(), one.begin(), one.end());
+  r = decode_request(two);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message.find(std::to_string(one.size()) + " bytes after the message"),
+            std::string::npos)
+      << r.error().message;
+}
+
 TEST(LocalProtocol, AnErrorReplyCarriesItsCodeByName) {
   for (int c = static_cast<int>(ErrorCode::kInvalid); c <= static_cast<int>(ErrorCode::kInternal);
        ++c) {

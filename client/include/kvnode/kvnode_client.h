@@ -26,7 +26,9 @@
  * - Threads: each function says. "Thread-safe": from any threads at once. "One call at a time
  *   per client": not at the same time as another call on the same kvnode_client_t or on a KV
  *   cache registered through it (from whichever thread); use a client per thread, or serialise
- *   its calls. Distinct clients are independent and may be used in parallel.
+ *   its calls. A call that overlaps another on the same client fails at once with
+ *   KVNODE_ERR_INVALID ("busy: one call at a time per client"), never with a wrong answer.
+ *   Distinct clients are independent and may be used in parallel.
  */
 #ifndef KVNODE_CLIENT_H
 #define KVNODE_CLIENT_H

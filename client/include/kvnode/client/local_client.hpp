@@ -11,8 +11,10 @@
 // the call, which then succeeds; one closed while a request was out fails that call with
 // kPeerLost (the request is never sent twice), and the next call connects again. A node over its
 // connection cap answers kRefused. Errors the node answers keep its code (kFrozen while a full
-// sync runs: ask again shortly). Not thread-safe: one client per thread. This library links no UCX,
-// ZeroMQ or CUDA: it is what the C and Python bindings wrap.
+// sync runs: ask again shortly). One call at a time per client: a call made while another
+// thread's call on the same client is in progress fails at once with kInvalid ("busy: ..."); use a
+// client per thread. This library links no UCX, ZeroMQ or CUDA: it is what the C and Python
+// bindings wrap.
 //
 //   auto client = kvnode::client::LocalClient::connect("/tmp/kvnode-vllm-0-0.sock").value();
 //   const std::size_t n = client->info().chunk_bytes;
