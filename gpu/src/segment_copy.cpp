@@ -5,7 +5,7 @@
 #include <cstring>
 #include <string>
 
-#include "stream_copy.hpp"
+#include "kvnode/gpu/stream_copy.hpp"
 
 #if KVNODE_HAVE_CUDA
 #include <algorithm>
@@ -34,8 +34,6 @@ Status check_segments(std::span<const CopySegment> segments) {
 }
 
 class HostSegmentCopier final : public SegmentCopier {
-  static constexpr std::size_t kStreamBytes = 8u << 20;  // past a server's per-core cache share
-
  public:
   Status wait(const IpcHandle&) override {
     return make_error(ErrorCode::kInvalid,
@@ -47,7 +45,7 @@ class HostSegmentCopier final : public SegmentCopier {
     if (Status s = check_segments(segments); !s) return s;
     std::size_t total = 0;
     for (const CopySegment& s : segments) total += s.bytes;
-    if (total < kStreamBytes) {
+    if (total < kStreamCopyBytes) {
       for (const CopySegment& s : segments)
         if (s.bytes > 0) std::memcpy(s.dst, s.src, s.bytes);
       return {};

@@ -2,7 +2,7 @@
 // streaming stores, 4 per step, the destination aligned by a short memcpy first; a memcpy on
 // other architectures. Measured on this project's 2-core host, 256 MiB in 32 KiB or 256-byte runs
 // between two memfd mappings: memcpy 5-6 GB/s, SSE2 7.8, AVX2 9.6, one whole memcpy 10.5.
-#include "stream_copy.hpp"
+#include "kvnode/gpu/stream_copy.hpp"
 
 #include <cstdint>
 #include <cstring>

@@ -9,6 +9,10 @@
 
 namespace kvnode::gpu {
 
+// A batch of host copies at least this large streams its stores: past a server's per-core share
+// of the last-level cache, where its destination would only evict what other copies need.
+inline constexpr std::size_t kStreamCopyBytes = 8u << 20;
+
 // Copies n bytes (regions must not overlap); x86-64: stores not kept in the cache, ordered by
 // stream_fence(); elsewhere a memcpy.
 void stream_copy(std::byte* dst, const std::byte* src, std::size_t n) noexcept;
