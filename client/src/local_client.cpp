@@ -75,6 +75,14 @@ struct LocalClient::Impl {
   // once more on a new connection, within the same deadline. Never once it went out: the node
   // may have acted on it.
   Result<protocol::Reply> call(const protocol::Request& q, std::span<const int> fds = {}) {
+    // The node's decoder refuses longer arrays; said here, by name, before anything is sent.
+    for (const auto& [name, n] :
+         {std::pair{"tokens", q.tokens.size()}, std::pair{"hashes", q.hashes.size()}})
+      if (n > protocol::kMaxKeys)
+        return make_error(ErrorCode::kInvalid, std::string(name) + ": " + std::to_string(n) +
+                                                   " in one request; a request carries at most " +
+                                                   std::to_string(protocol::kMaxKeys) +
+                                                   " (split it)");
     const auto deadline = detail::Clock::now() + options.timeout;
     if (socket && !detail::idle_and_open(socket.get())) socket.reset();
     for (bool resent = false;; resent = true) {

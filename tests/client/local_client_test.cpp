@@ -217,6 +217,22 @@ TEST(LocalClientAgainstKvnode, ACallOverlappingAnotherOnOneClientIsRefusedAsBusy
   EXPECT_EQ(or0(c->lookup(tokens(4, 1))), 0u);
 }
 
+// More tokens than a request may carry: refused by name before anything is sent (the node's
+// decoder said only "array size overflow").
+TEST(LocalClientAgainstKvnode, TooManyTokensForOneRequestAreRefusedByName) {
+  NodeProcess node("too-many");
+  auto c = node.client();
+  ASSERT_TRUE(c);
+  const std::size_t n = protocol::kMaxKeys + 1;
+  Result<std::size_t> r = c->lookup(tokens(n, 1));
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, ErrorCode::kInvalid);
+  EXPECT_NE(r.error().message.find("tokens: " + std::to_string(n) + " in one request"),
+            std::string::npos)
+      << r.error().message;
+  EXPECT_EQ(or0(c->lookup(tokens(protocol::kMaxKeys, 1))), 0u);  // the limit itself passes
+}
+
 // A descriptor that is not open is the caller's mistake, named; not a lost connection.
 TEST(LocalClientAgainstKvnode, ARegistrationWithAClosedDescriptorIsInvalid) {
   NodeProcess node("badfd");
