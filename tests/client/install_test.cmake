@@ -83,11 +83,12 @@ separate_arguments(flags UNIX_COMMAND "${FLAGS}")
 run("gcc with pkg-config" ${C_COMPILER} -std=c99 -Wall -Wextra -Wpedantic -Werror ${flags}
     ${PROJECT_DIR}/engine_example.c ${pc_flags} -o ${WORK_DIR}/engine_example_pkgconfig)
 
-# Each example against no node: a clean failure that says why.
+# Each example against no node: a clean failure that says why. No LD_LIBRARY_PATH: the prefix is
+# no system path, so each finds the library by its rpath (CMake's, or the pkg-config file's).
 set(no_node ${WORK_DIR}/no-node.sock)
 foreach(example build/local_client_example build/engine_example_cpp build/engine_example_c
                 engine_example_pkgconfig)
-  execute_process(COMMAND ${CMAKE_COMMAND} -E env LD_LIBRARY_PATH=${prefix}/lib
+  execute_process(COMMAND ${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH
                           ${WORK_DIR}/${example} ${no_node}
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
   string(FIND "${out}" "not_found: no kvnode local socket at ${no_node}" said)
