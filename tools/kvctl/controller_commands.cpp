@@ -247,7 +247,8 @@ void add_controller_commands(CLI::App& app) {
       const double bytes = static_cast<double>((moved + m->chunk_size - 1) / m->chunk_size) *
                            static_cast<double>(m->chunk_bytes);
       j["gbps"] = bytes / seconds / 1e9;
-      human << " (" << bytes / seconds / 1e9 << " GB/s, " << bytes / 1e6 << " MB)";
+      // Sizes in MiB as everywhere else (the demo says "chunks of 32 MiB"); rates in GB/s.
+      human << " (" << bytes / seconds / 1e9 << " GB/s, " << bytes / (1 << 20) << " MiB)";
     }
     j["seconds"] = seconds;
     const bool partial = moved < held;
