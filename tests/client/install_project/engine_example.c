@@ -5,7 +5,7 @@
 #include <kvnode/kvnode_client.h>
 /* Every call answers a status and, in `err`, the node's message; field_mask 0: the defaults. */
 kvnode_status_t run(const char* path, const int64_t* tokens, size_t n, kvnode_error_t* err) {
-  const size_t per_layer = 2ull * 4096 * 16 * 8 * 128 * 2, bytes = 32 * per_layer;  /* bf16 */
+  const size_t per_layer = 2ull * 256 * 16 * 8 * 128 * 2, bytes = 32 * per_layer;  /* bf16 */
   kvnode_client_t* client = NULL; kvnode_host_memory_t* memory = NULL; kvnode_kv_cache_t* kv = NULL;
   kvnode_status_t s = kvnode_connect(&(kvnode_connect_params_t){.socket_path = path}, &client, err);
   if (s == KVNODE_OK) s = kvnode_host_memory_create(bytes, NULL, &memory, err);
@@ -15,7 +15,7 @@ kvnode_status_t run(const char* path, const int64_t* tokens, size_t n, kvnode_er
     layers[l] = (kvnode_kv_buffer_t){.base = base, .bytes = bytes, .offset = l * per_layer};
   kvnode_kv_allocation_t shared = {.kind = KVNODE_MEMORY_HOST_FD, .base = base, .bytes = bytes,
                                    .fd = kvnode_host_memory_fd(memory)};
-  kvnode_kv_register_params_t p = {.preset = KVNODE_KV_VLLM, .num_blocks = 4096, .block_size = 16,
+  kvnode_kv_register_params_t p = {.preset = KVNODE_KV_VLLM, .num_blocks = 256, .block_size = 16,
       .kv_heads = 8, .head_size = 128, .elem_bytes = 2, .layers = layers, .num_layers = 32,
       .allocations = &shared, .num_allocations = 1};
   if (s == KVNODE_OK) s = kvnode_kv_register(client, &p, &kv, err);

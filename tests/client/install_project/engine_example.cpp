@@ -11,9 +11,9 @@ namespace kc = kvnode::client;
 kvnode::Status run(const std::string& socket, const std::vector<std::int64_t>& tokens) {
   auto client = kc::LocalClient::connect(socket);
   if (!client) return client.error();
-  const kc::KvCacheShape shape{/*num_blocks*/ 4096, /*block_size*/ 16, /*kv_heads*/ 8,
+  const kc::KvCacheShape shape{/*num_blocks*/ 256, /*block_size*/ 16, /*kv_heads*/ 8,
                                /*head_size*/ 128, /*elem_bytes*/ 2};  // Llama-3.1-8B, bf16
-  const std::size_t per_layer = 2ull * 4096 * 16 * 8 * 128 * 2;       // [2, blocks, 16, 8, 128]
+  const std::size_t per_layer = 2ull * 256 * 16 * 8 * 128 * 2;        // [2, blocks, 16, 8, 128]
   auto memory = kc::HostKvMemory::create(32 * per_layer);
   if (!memory) return memory.error();
   std::vector<kc::KvBuffer> layers;
