@@ -2,20 +2,20 @@
 
 Each page is one kvnode chunk (``page_size`` tokens of every layer), named by SGLang's page key
 folded with this deployment's namespace (_keys.py), so the rest of kvnode sees ordinary chunks:
-the controller's P2P lookup finds them, ``kvctl lookup`` lists them, ``kvctl move`` moves them.
+the controller's P2P lookup finds them and P2P retrieval moves them to another node (kvctl's
+lookup and move take tokens, not page keys).
 
 Data path (SGLang's ``interface_v1``: ``batch_exists``, ``batch_get_v1``, ``batch_set_v1``, and
-the generic ``get``/``set``/``batch_*``): pages travel between SGLang's host pool and a bounce
-buffer in memory the node maps (one torch gather or scatter per batch), and the node copies
-between that buffer and its pool. SGLang's host pools are anonymous memory, or with
-``"allocator": "shm"`` a memfd the node cannot seal against shrinking, so the node cannot map
-them safely: hence the one copy (measured in docs/benchmarks.md).
+the generic ``get``/``set``/``batch_*`` on flat pages): SGLang's host pool is anonymous memory
+(or with ``"allocator": "shm"`` a memfd the node cannot seal against shrinking), which the node
+does not map. So the pool is registered as this process's own memory and the node copies
+straight from and into it with process_vm_readv/writev; where it may not, and for the flat
+pages, a bounce buffer the node maps (_Path). Measured in docs/benchmarks.md.
 
-SGLang calls exists, get and set from three threads at once; each has a connection of its own
-(get and set each with their own registered bounce buffer), so a slow store never delays a
-lookup. Nothing raises into SGLang on the data path: a node that is down, a timeout or a refusal
-is a miss (False, 0), logged once per outage; only a misconfiguration raises, when the backend
-is created or the host pool registered.
+SGLang calls exists, get and set from three threads at once; each has a connection of its own,
+so a slow store never delays a lookup. Nothing raises into SGLang on the data path: a node that
+is down, a timeout or a refusal is a miss (False, 0), logged once per outage; only a
+misconfiguration raises, when the backend is created or the host pool registered.
 """
 
 from __future__ import annotations
