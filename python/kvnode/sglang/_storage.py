@@ -192,9 +192,11 @@ class KvnodeHiCacheStorage(HiCacheStorage):
     # ---- set-up ------------------------------------------------------------------------------
 
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
-        """Reads the host pool's geometry and registers bounce buffers with the node. Raises
-        ValueError for a pool kvnode cannot hold or a node whose chunks do not match the page;
-        a node that is down is only logged (every call a miss until it is up)."""
+        """Reads the host pool's geometry and checks the node's chunk against the page (the
+        pool, or the bounce buffers, are registered with the node when each path first
+        connects). Raises ValueError for a pool kvnode cannot hold or a node whose chunks do
+        not match the page; a node that is down is only logged (every call a miss until it is
+        up)."""
         super().register_mem_pool_host(mem_pool_host)
         geo = geometry_of(mem_pool_host)
         c = self.storage_config
