@@ -97,3 +97,42 @@ foreach(example build/local_client_example build/engine_example_cpp build/engine
   endif()
   message(STATUS "${example} with no node: exit 1, ${out}")
 endforeach()
+
+# Then against a node as the README starts them (32 MiB chunks, a 1 GB pool; no controller
+# reachable, which local clients do not need): each example runs as written and succeeds.
+if(KVNODE)
+  set(sock ${WORK_DIR}/node.sock)
+  execute_process(
+    COMMAND sh -c "exec \"$0\" --instance-id install-test --controller-pull-url 127.0.0.1:1 \
+--controller-reply-url 127.0.0.1:2 --chunk-bytes 33554432 --max-local-cpu-size 1 \
+--full-sync-startup-delay 0 --http-port -1 --local-socket \"$1\" --ucx-tls tcp \
+--ucx-net-devices lo --log-level warn > \"$2\" 2>&1 & echo $!" ${KVNODE} ${sock}
+            ${WORK_DIR}/node.log
+    OUTPUT_VARIABLE node_pid OUTPUT_STRIP_TRAILING_WHITESPACE)
+  macro(stop_node)
+    execute_process(COMMAND kill ${node_pid})
+  endmacro()
+  foreach(i RANGE 300)
+    if(EXISTS ${sock})
+      break()
+    endif()
+    execute_process(COMMAND sleep 0.1)
+  endforeach()
+  if(NOT EXISTS ${sock})
+    file(READ ${WORK_DIR}/node.log log)
+    stop_node()
+    message(FATAL_ERROR "the node did not start in 30 s:\n${log}")
+  endif()
+  foreach(example build/local_client_example build/engine_example_cpp build/engine_example_c
+                  engine_example_pkgconfig)
+    execute_process(COMMAND ${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH
+                            ${WORK_DIR}/${example} ${sock}
+                    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+    if(NOT rc EQUAL 0)
+      stop_node()
+      message(FATAL_ERROR "${example} against the README's node: exit ${rc}, said:\n${out}")
+    endif()
+    message(STATUS "${example} against the README's node: ${out}")
+  endforeach()
+  stop_node()
+endif()
