@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <chrono>
 
@@ -34,6 +35,14 @@ Result<gpu::ChunkPool> create_pool(gpu::PoolOptions po, const std::string& memor
       memory, pool.error().message);
   po.region.shareable = false;
   return gpu::ChunkPool::create(po);
+}
+
+// The engines' host KV the node maps at once: the setting, or half the host's memory.
+std::size_t max_kv_bytes(const NodeConfig& c) {
+  if (c.max_kv_registration_gb > 0) return static_cast<std::size_t>(c.max_kv_registration_gb * 1e9);
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return SIZE_MAX;
+  return static_cast<std::size_t>(pages) / 2 * static_cast<std::size_t>(page);
 }
 
 }  // namespace
@@ -142,6 +151,7 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const NodeConfig& c) {
     lo.path = socket_path;
     lo.instance = c.lmcache_instance_id;
     lo.worker_id = c.worker_id;
+    lo.max_kv_bytes = max_kv_bytes(c);
     if (c.local_staging_mb > 0) {  // device pools too: slots reach their pages by cudaMemcpy
       lo.staging_slots = std::max<std::size_t>(1, (c.local_staging_mb << 20) / po.page_bytes);
       lo.staging_name =

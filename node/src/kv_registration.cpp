@@ -190,6 +190,12 @@ Result<std::shared_ptr<KvRegistration>> KvRegistration::map(const client::KvWire
   return reg;
 }
 
+std::size_t KvRegistration::mapped_host_bytes() const {
+  std::size_t total = 0;
+  for (std::size_t b : maps_->host_bytes) total += b;
+  return total;
+}
+
 int KvRegistration::engine_pid() const {
   return maps_->engine ? maps_->engine->pid : 0;
 }

@@ -48,6 +48,7 @@ class KvRegistration {
   const client::KvLayout& host_layout() const { return host_layout_; }
   const client::KvLayout& kernel_layout() const { return kernel_layout_; }
   std::size_t mapped_bytes() const { return mapped_bytes_; }
+  std::size_t mapped_host_bytes() const;  // of it, host memfds mapped by this node
   // The engine process whose own memory this is (kHostProcess), else 0; then host_layout()
   // holds its addresses (never dereferenced here) and the copies are process_copier()'s.
   int engine_pid() const;

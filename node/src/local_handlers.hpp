@@ -34,6 +34,7 @@ struct HandlerOptions {
   std::chrono::milliseconds hold_ttl{30'000};
   std::size_t max_holds = 4096;
   std::size_t max_kv_registrations = 64;  // per connection
+  std::size_t max_kv_bytes = SIZE_MAX;    // host KV mapped, all connections together
 };
 
 // A request's chunks by hash (tokens hashed once, on decoding).
@@ -111,6 +112,7 @@ class LocalHandlers {
   void put_back_kv(ConnectionId from, std::uint64_t kv, std::shared_ptr<KvRegistration> reg);
   Result<KvJob> kv_job(ConnectionId from, const protocol::Request& request) const;
   std::size_t kv_registrations() const { return registrations_.size(); }
+  std::size_t mapped_kv_bytes() const;  // host memfds mapped by every registration now
   // A registration of `from`'s, or null.
   std::shared_ptr<KvRegistration> kv_registration(ConnectionId from, std::uint64_t kv) const {
     const auto it = registrations_.find({from, kv});

@@ -21,6 +21,19 @@ protocol::Reply LocalHandlers::register_kv(ConnectionId from, const protocol::Re
         make_error(ErrorCode::kNoRoom, "this connection holds " +
                                            std::to_string(options_.max_kv_registrations) +
                                            " KV registrations already (unregister one first)"));
+  // Host memory the node would map (memfds; device memory and an engine's own memory are not
+  // mapped here): refused past the cap, before anything is mapped or faulted in.
+  std::size_t asked = 0;
+  for (const client::WireAllocation& a : q.kv_layout->allocations)
+    if (a.kind == client::KvMemoryKind::kHostFd) asked += a.bytes;
+  const std::size_t held = mapped_kv_bytes();
+  if (asked > options_.max_kv_bytes || held > options_.max_kv_bytes - asked)
+    return protocol::failure(make_error(
+        ErrorCode::kNoRoom,
+        "kv_layout: mapping " + std::to_string(asked >> 20) + " MiB more of engines' host KV (" +
+            std::to_string(held >> 20) + " MiB mapped now) would pass this node's cap of " +
+            std::to_string(options_.max_kv_bytes >> 20) +
+            " MiB (--max-kv-registration-gb; unregister a cache or register a smaller one)"));
   gpu::ChunkPool& pool = engine_.pool();
   KvPoolFacts facts;
   facts.pool_kind = pool.region().kind();
@@ -43,6 +56,12 @@ protocol::Reply LocalHandlers::register_kv(ConnectionId from, const protocol::Re
   protocol::Reply r;
   r.kv = id;
   return r;
+}
+
+std::size_t LocalHandlers::mapped_kv_bytes() const {
+  std::size_t total = 0;
+  for (const auto& [key, reg] : registrations_) total += reg->mapped_host_bytes();
+  return total;
 }
 
 Result<std::shared_ptr<KvRegistration>> LocalHandlers::unregister_kv(ConnectionId from,

@@ -226,6 +226,7 @@ Result<std::unique_ptr<LocalService>> LocalService::start(const LocalServiceOpti
   ho.worker_id = options.worker_id;
   ho.hold_ttl = options.hold_ttl;
   ho.max_holds = options.max_holds;
+  ho.max_kv_bytes = options.max_kv_bytes;
   impl->transfers = std::make_unique<local::KvTransfers>(engine, moves, locate);
   impl->handlers = std::make_unique<local::LocalHandlers>(ho, engine, moves, std::move(locate),
                                                           std::move(staging));

@@ -218,6 +218,9 @@ void add_settings(Settings& s, NodeConfig& c, UcxText& ucx) {
         "MiB of shared memory local clients' chunk bytes pass through; 0: inline");
   s.add("--full-sync-startup-delay", "kvnode_full_sync_startup_delay", c.full_sync_startup_delay,
         "seconds: a random wait up to this before the start-up full sync");
+  s.add("--max-kv-registration-gb", "kvnode_max_kv_registration_gb", c.max_kv_registration_gb,
+        "GB of engines' host KV caches mapped at once, all clients together; 0: half the "
+        "host's memory");
 }
 
 // Every key a kvnode file may hold: kvnode's settings, and LMCache's (those kvnode has no use for
@@ -311,6 +314,11 @@ Status validate(const NodeConfig& c) {
     return make_error("kvnode_full_sync_startup_delay: between 0 and 3600 seconds");
   if (c.local_staging_mb > (1u << 20))
     return make_error("kvnode_local_staging_mb: more than 1 TiB");
+  if (!(c.max_kv_registration_gb >= 0) || c.max_kv_registration_gb > 1e6)
+    return make_error(
+        "kvnode_max_kv_registration_gb: expected 0 (half the host's memory) up to "
+        "1e6 GB, got " +
+        std::to_string(c.max_kv_registration_gb));
   // sun_path holds 107 bytes; a longer path would be cut silently by the kernel.
   if (local_socket_path(c).size() > 100)
     return make_error("kvnode_local_socket: '" + local_socket_path(c) +

@@ -36,11 +36,10 @@ constexpr std::size_t kLayerBytes = 2 * kBlocks * kBlockBytes;  // [2, blocks, 1
 // A kvnode process with a local socket and no controller (local clients need none).
 class Node {
  public:
-  explicit Node(const std::string& name)
+  explicit Node(const std::string& name, const std::vector<std::string>& extra = {})
       : instance_("capi-" + name + "-" + std::to_string(::getpid())),
         socket_("/tmp/kvnode-" + instance_ + ".sock"),
-        process_(
-            kvnode::test::client_test_node_args(instance_, socket_, kChunkBytes, kChunkTokens)) {}
+        process_(args(instance_, socket_, extra)) {}
   // A client once the node serves (retried while it starts); NULL after 30 s.
   kvnode_client_t* connect() {
     kvnode_connect_params_t p{};
@@ -57,6 +56,13 @@ class Node {
   const std::string& instance() const { return instance_; }
 
  private:
+  static std::vector<std::string> args(const std::string& instance, const std::string& socket,
+                                       const std::vector<std::string>& extra) {
+    std::vector<std::string> a =
+        kvnode::test::client_test_node_args(instance, socket, kChunkBytes, kChunkTokens);
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  }
   std::string instance_, socket_;
   kvnode::test::ChildProcess process_;
 };
@@ -567,4 +573,24 @@ TEST(CApiAgainstKvnode, AnEnginesOwnMemoryIsCopiedWithoutMapping) {
   cache.params.num_blocks = 1;
   EXPECT_EQ(kvnode_kv_register(client.get(), &cache.params, &raw, &err), KVNODE_ERR_INVALID);
   EXPECT_NE(std::string(err.message).find("allocations[0]"), std::string::npos) << err.message;
+}
+
+// The node maps at most --max-kv-registration-gb of engines' host KV, all clients together: one
+// more is refused (no_room, naming the flag) before anything is mapped; a cache unregistered
+// makes room again.
+TEST(CApiAgainstKvnode, RegistrationsPastTheNodesCapAreRefused) {
+  Node node("cap", {"--max-kv-registration-gb", "0.003"});  // 3 MB: one 2 MiB cache, not two
+  Client first(node.connect()), second(node.connect());
+  ASSERT_TRUE(first && second);
+  kvnode_error_t err{};
+  HostCache a, b;
+  kvnode_kv_cache_t* raw = nullptr;
+  ASSERT_EQ(kvnode_kv_register(first.get(), &a.params, &raw, &err), KVNODE_OK) << err.message;
+  Cache held(raw);
+  EXPECT_EQ(kvnode_kv_register(second.get(), &b.params, &raw, &err), KVNODE_ERR_NO_ROOM);
+  EXPECT_NE(std::string(err.message).find("--max-kv-registration-gb"), std::string::npos)
+      << err.message;
+  held.reset();  // unregistered: its 2 MiB are free again
+  ASSERT_EQ(kvnode_kv_register(second.get(), &b.params, &raw, &err), KVNODE_OK) << err.message;
+  Cache now(raw);
 }

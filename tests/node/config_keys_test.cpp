@@ -77,8 +77,8 @@ lmcache_instance_id: full
 
 TEST(NodeConfigKeys, EverySettingHasAKeyAndAFlag) {
   const std::vector<SettingName> settings = node_settings();
-  ASSERT_EQ(settings.size(), 32u)
-      << "10 LMCache keys, 2 shared with kvcontroller (hash_generation, hash_init) and 20 kvnode_* "
+  ASSERT_EQ(settings.size(), 33u)
+      << "10 LMCache keys, 2 shared with kvcontroller (hash_generation, hash_init) and 21 kvnode_* "
          "keys";
   for (const SettingName& s : settings) {
     EXPECT_FALSE(s.key.empty());

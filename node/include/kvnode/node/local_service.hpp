@@ -44,6 +44,7 @@ struct LocalServiceOptions {
   // a whole reply within this time from its start.
   std::chrono::milliseconds stall_timeout{10'000};
   std::size_t max_queued_retrieves = 64;  // beyond: a retrieve is refused (kNoRoom)
+  std::size_t max_kv_bytes = SIZE_MAX;    // engines' host KV mapped at once; beyond: kNoRoom
 };
 
 // The engine KV path's figures (for /metrics).

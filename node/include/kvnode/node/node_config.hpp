@@ -60,6 +60,9 @@ struct NodeConfig {
   std::string local_socket;
   double full_sync_startup_delay = 5.0;  // s: random wait before the start-up full sync
   std::size_t local_staging_mb = 256;    // shared staging for local clients' bytes; 0: inline
+  // GB of engines' host KV caches the node maps at once (all clients together); 0: half the
+  // host's memory. A registration past it is refused (no_room), never left to the OOM killer.
+  double max_kv_registration_gb = 0;
 };
 
 // The local socket's path after defaults ("" when off).
