@@ -249,23 +249,21 @@ class Client:
         stored in 16-token chunks are 40 held (and their first 36 only 32: another partial
         chunk, another hash); without it only whole chunks count (32).
         """
-        keep, ptr, n = as_tokens(tokens)
-        held = ctypes.c_size_t()
-        with self._asking("lookup") as (state, handle):
-            code = _lib.library().kvnode_lookup(handle, ptr, n, ctypes.byref(held),
-                                                ctypes.byref(state.err))
-            _lib.check(code, state.err, "kvnode_lookup")
-        del keep
-        return held.value
+        return self._leading("kvnode_lookup", tokens, "tokens")
 
     def lookup_chunks(self, hashes: Sequence[int]) -> int:
         """Leading chunks of `hashes` (64-bit chunk hashes, one per chunk) this node holds."""
-        keep, ptr, n = as_tokens(hashes, "hashes")
+        return self._leading("kvnode_lookup_chunks", hashes, "hashes")
+
+    def _leading(self, fn: str, keys: Sequence[int], arg: str) -> int:
+        """kvnode_lookup or kvnode_lookup_chunks: how many of `keys` (tokens or hashes, named
+        `arg` in errors) lead what this node holds."""
+        keep, ptr, n = as_tokens(keys, arg)
         held = ctypes.c_size_t()
-        with self._asking("lookup_chunks") as (state, handle):
-            code = _lib.library().kvnode_lookup_chunks(handle, ptr, n, ctypes.byref(held),
-                                                       ctypes.byref(state.err))
-            _lib.check(code, state.err, "kvnode_lookup_chunks")
+        with self._asking(fn[len("kvnode_"):]) as (state, handle):
+            code = getattr(_lib.library(), fn)(handle, ptr, n, ctypes.byref(held),
+                                               ctypes.byref(state.err))
+            _lib.check(code, state.err, fn)
         del keep
         return held.value
 
