@@ -19,7 +19,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parents[2]
 try:
@@ -213,22 +213,36 @@ def wait_unfrozen(node: NodeProcess) -> None:
 
 
 class Cluster:
-    """A controller and nodes A and B; `extra` flags for both nodes (e.g. --memory device)."""
+    """A controller and nodes A and B; `extra` flags for both nodes (e.g. --memory device), pages
+    of `chunk_bytes` and `chunk_tokens`; `ready(node)` waits out each node's full sync (the
+    engine suites store a chunk of their own shape)."""
 
     def __init__(self, log_dir: Path, extra: Optional[List[str]] = None,
-                 prefix: str = "py") -> None:
-        self.controller = Controller(log_dir)
+                 prefix: str = "py", chunk_bytes: int = PAGE_BYTES,
+                 chunk_tokens: int = CHUNK_TOKENS,
+                 ready: Callable[[NodeProcess], None] = wait_unfrozen) -> None:
+        self.log_dir, self.extra, self.prefix = log_dir, extra, prefix
+        self.chunk_bytes, self.chunk_tokens = chunk_bytes, chunk_tokens
+        self.controller = Controller(log_dir, chunk_tokens=chunk_tokens)
         self.nodes: Dict[str, NodeProcess] = {}
         try:
             for name in ("A", "B"):
-                self.nodes[name] = NodeProcess(f"{prefix}-{name}", self.controller, log_dir, extra)
+                self.start(name)
             if not wait_for(lambda: self.controller.settled(HEARTBEAT), 30, 0.1):
                 raise RuntimeError(f"the nodes' full syncs did not complete: {self.a.log()}")
             for node in self.nodes.values():
-                wait_unfrozen(node)
+                ready(node)
         except BaseException:
             self.stop()
             raise
+
+    def start(self, name: str, chunk_bytes: Optional[int] = None) -> NodeProcess:
+        """One more node of this cluster (another page size: `chunk_bytes`)."""
+        node = NodeProcess(f"{self.prefix}-{name}", self.controller, self.log_dir, self.extra,
+                           chunk_bytes=chunk_bytes or self.chunk_bytes,
+                           chunk_tokens=self.chunk_tokens)
+        self.nodes[name] = node
+        return node
 
     @property
     def a(self) -> NodeProcess:

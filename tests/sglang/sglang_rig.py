@@ -19,7 +19,7 @@ import sys
 import time
 import types
 from pathlib import Path
-from typing import Any, Dict, Iterator
+from typing import Any, Iterator
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[0] / "python"))  # kvnode_procs
@@ -66,7 +66,8 @@ with torchvision_stub():
 
 import kvnode  # noqa: E402
 import numpy as np  # noqa: E402
-from kvnode_procs import HEARTBEAT, Controller, Missing, NodeProcess, wait_for  # noqa: E402
+import kvnode_procs as procs  # noqa: E402
+from kvnode_procs import Missing, NodeProcess  # noqa: E402
 
 PAGE, LAYERS, HEADS, HEAD_DIM = 16, 4, 2, 64
 KV_LORA, ROPE = 192, 64
@@ -176,39 +177,10 @@ def ready(node: NodeProcess, page: int = PAGE, page_bytes: int = PAGE_BYTES) -> 
                     time.sleep(0.05)
 
 
-class Cluster:
-    """kvcontroller and nodes A and B whose chunk is one page, past their full syncs."""
+class Cluster(procs.Cluster):
+    """kvcontroller and nodes A and B whose chunk is one page, past their full syncs;
+    start(name) adds a node (another page size: chunk_bytes)."""
 
     def __init__(self, log_dir: Path) -> None:
-        self.log_dir = log_dir
-        self.controller = Controller(log_dir, chunk_tokens=PAGE)
-        self.nodes: Dict[str, NodeProcess] = {}
-        try:
-            for name in ("A", "B"):
-                self.start(name)
-            if not wait_for(lambda: self.controller.settled(HEARTBEAT), 30, 0.1):
-                raise RuntimeError("the nodes' full syncs did not complete")
-            for node in self.nodes.values():
-                ready(node)
-        except BaseException:
-            self.stop()
-            raise
-
-    def start(self, name: str, chunk_bytes: int = PAGE_BYTES) -> NodeProcess:
-        node = NodeProcess(f"sgl-{name}", self.controller, self.log_dir,
-                           chunk_bytes=chunk_bytes, chunk_tokens=PAGE)
-        self.nodes[name] = node
-        return node
-
-    @property
-    def a(self) -> NodeProcess:
-        return self.nodes["A"]
-
-    @property
-    def b(self) -> NodeProcess:
-        return self.nodes["B"]
-
-    def stop(self) -> None:
-        for node in self.nodes.values():
-            node.stop()
-        self.controller.stop()
+        super().__init__(log_dir, prefix="sgl", chunk_bytes=PAGE_BYTES, chunk_tokens=PAGE,
+                         ready=ready)

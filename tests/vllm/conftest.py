@@ -23,7 +23,8 @@ sys.path.insert(0, str(HERE))
 
 import kvnode  # noqa: E402
 import numpy as np  # noqa: E402
-from kvnode_procs import HEARTBEAT, Controller, Missing, NodeProcess, wait_for  # noqa: E402
+import kvnode_procs as procs  # noqa: E402
+from kvnode_procs import Missing, NodeProcess  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -83,37 +84,12 @@ def fill(node: NodeProcess, tokens: List[int], seed: int = 1, shape: Shape = SHA
     return cache
 
 
-class Cluster:
+class Cluster(procs.Cluster):
     """kvcontroller and nodes A and B in SHAPE, past their full syncs."""
 
     def __init__(self, log_dir: Path) -> None:
-        self.controller = Controller(log_dir, chunk_tokens=SHAPE.block)
-        self.nodes = {}
-        try:
-            for name in ("A", "B"):
-                self.nodes[name] = NodeProcess(f"vllm-{name}", self.controller, log_dir,
-                                               chunk_bytes=SHAPE.chunk_bytes,
-                                               chunk_tokens=SHAPE.block)
-            if not wait_for(lambda: self.controller.settled(HEARTBEAT), 30, 0.1):
-                raise RuntimeError("the nodes' full syncs did not complete")
-            for node in self.nodes.values():
-                ready(node)
-        except BaseException:
-            self.stop()
-            raise
-
-    @property
-    def a(self) -> NodeProcess:
-        return self.nodes["A"]
-
-    @property
-    def b(self) -> NodeProcess:
-        return self.nodes["B"]
-
-    def stop(self) -> None:
-        for node in self.nodes.values():
-            node.stop()
-        self.controller.stop()
+        super().__init__(log_dir, prefix="vllm", chunk_bytes=SHAPE.chunk_bytes,
+                         chunk_tokens=SHAPE.block, ready=ready)
 
 
 @pytest.fixture(scope="module")
