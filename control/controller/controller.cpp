@@ -21,6 +21,7 @@
 #include "kvnode/controller/fanout.hpp"
 #include "kvnode/controller/http_api.hpp"
 #include "kvnode/controller/orchestrator.hpp"
+#include "kvnode/zmtp/server.hpp"
 #include "port_probe.hpp"
 #include "request_handler.hpp"
 #include "thread_name.hpp"
@@ -31,18 +32,19 @@ namespace {
 constexpr auto kPollInterval = std::chrono::milliseconds(100);  // how soon stop() is noticed
 constexpr std::size_t kMaxQueuedOrchestratorMsgs = 1024;
 constexpr int kIngestNice = 5;  // the PULL thread's nice value, relative to the process's
-constexpr int kPullHwm = 1000;  // batches queued in the PULL socket
-// Interrupt moderation for ingest: a wake-up that found fewer than kCoalesceBelow messages is
-// followed by a nap of kIngestCoalesce before the next poll. A message arriving alone is applied
-// at once; one arriving in the nap waits at most kIngestCoalesce, then goes with the others
-// (admits are fire-and-forget, so only how soon a lookup sees them moves). Under a paced load of
-// thousands of small batches a second this halves the ingest thread's CPU per batch (a wake-up,
-// a poll and a failed receive per batch otherwise); a saturated socket never naps.
+// Interrupt moderation for ingest: a wake-up that drained the endpoint of fewer than
+// kCoalesceFrames messages and kCoalesceBytes is followed by a nap of kIngestCoalesce before the
+// next poll. A message arriving alone is applied at once; one arriving in the nap waits at most
+// kIngestCoalesce, then goes with the others (admits are fire-and-forget, so only how soon a
+// lookup sees them moves). Under a paced load of thousands of small batches a second one wake-up
+// and one read then take several batches instead of one each. The byte bound stays well under a
+// TCP receive buffer, so a fast sender is never held to what one buffer carries per nap.
 constexpr auto kIngestCoalesce = std::chrono::milliseconds(1);
-constexpr std::size_t kCoalesceBelow = 256;
-// The context's two I/O threads: one reads ingest, the other serves requests (the ROUTERs and the
-// fan-out's DEALERs), so a lookup or a worker's reply never queues behind a burst of batches.
-constexpr int kIngestIoThread = 0, kRequestIoThread = 1;
+constexpr std::size_t kCoalesceFrames = 256;
+constexpr std::size_t kCoalesceBytes = 32 << 10;
+// The ZMQ context's one I/O thread serves the fan-out's DEALERs (calls to workers). The bound
+// ports (PULL, the ROUTERs) are zmtp::Servers, read by their own threads without one.
+constexpr int kRequestIoThread = 0;
 // Reaper probes of workers without heartbeats: how long one may wait for a connection, how
 // many run at once, and how long a round may probe before leaving the rest to the next (a
 // round of refused local ports takes milliseconds; hosts that are gone take the timeout).
@@ -83,32 +85,6 @@ std::string bind_address(const std::string& host, int port) {
   const bool v6 = host.find(':') != std::string::npos;
   return "tcp://" + (v6 ? "[" + host + "]" : host) + ":" +
          (port == 0 ? std::string("*") : std::to_string(port));
-}
-
-int bound_port(const zmq::socket_t& socket) {
-  const std::string endpoint = socket.get(zmq::sockopt::last_endpoint);
-  return std::stoi(endpoint.substr(endpoint.rfind(':') + 1));
-}
-
-// Binds a socket; io_thread picks which ZMQ I/O thread serves it.
-Result<zmq::socket_t> bind_socket(zmq::context_t& ctx, zmq::socket_type type,
-                                  const std::string& host, int port, int io_thread,
-                                  const char* what) {
-  const std::string address = bind_address(host, port);
-  try {
-    zmq::socket_t socket(ctx, type);
-    socket.set(zmq::sockopt::linger, 0);
-    socket.set(zmq::sockopt::affinity, std::uint64_t{1} << io_thread);
-    socket.set(zmq::sockopt::maxmsgsize, kMaxMessageBytes);
-    // 1000 batches (ZMQ's default): about 40 MB of 1000-op batches. A deeper queue only adds lag
-    // behind the workers, and its memory churn (heaps grown and given back) slowed ingest by 20 %.
-    if (type == zmq::socket_type::pull) socket.set(zmq::sockopt::rcvhwm, kPullHwm);
-    socket.bind(address);
-    return socket;
-  } catch (const zmq::error_t& e) {
-    return make_error(std::string("cannot bind the ") + what + " socket to " + address + ": " +
-                      e.what());
-  }
 }
 
 // Orchestrator messages that arrive on PULL run here, so a slow fan-out never stalls ingest.
@@ -164,25 +140,11 @@ class OrchestratorQueue {
 
 // Receives whatever is queued on the socket without blocking; false when nothing was.
 // Receives one whole multipart message; false when none came (EAGAIN: dontwait, or RCVTIMEO).
-bool recv_multipart(zmq::socket_t& socket, std::vector<zmq::message_t>& frames,
-                    zmq::recv_flags flags = zmq::recv_flags::dontwait) {
-  frames.clear();
-  zmq::message_t frame;
-  if (!socket.recv(frame, flags)) return false;
-  frames.push_back(std::move(frame));
-  while (frames.back().more()) {
-    zmq::message_t next;
-    (void)socket.recv(next, zmq::recv_flags::none);  // the rest of a multipart is already here
-    frames.push_back(std::move(next));
-  }
-  return true;
-}
-
 }  // namespace
 
 struct Controller::Impl {
   ControllerConfig config;
-  zmq::context_t ctx{2};  // two I/O threads: kIngestIoThread and kRequestIoThread
+  zmq::context_t ctx{1};  // one I/O thread: kRequestIoThread
   Metrics metrics;
   Guarded<Registry> registry;
   std::unique_ptr<FanOut> fanout;
@@ -211,66 +173,68 @@ struct Controller::Impl {
                           [this](wire::Msg m) { orchestrator_queue->push(std::move(m)); });
   }
 
-  // Answers one ROUTER request: [identity, ..., payload] -> [identity, "", reply].
-  void answer(zmq::socket_t& socket, std::vector<zmq::message_t>& frames, RouterKind kind,
-              RequestHandler& handler) {
-    const bool reply_socket = kind == RouterKind::kReply;
-    ++(reply_socket ? metrics.reply_messages : metrics.heartbeat_messages);
-    if (frames.size() < 2) {  // no identity frame: nobody to answer
-      ++(reply_socket ? metrics.reply_bad_frames : metrics.heartbeat_bad_frames);
-      spdlog::warn("Invalid ROUTER message format, expected >= 2 frames, got {}", frames.size());
-      return;
+  // Hands each frame read on the PULL port to the handler.
+  class PullMessages final : public zmtp::MessageHandler {
+   public:
+    PullMessages(RequestHandler& handler, Metrics& metrics) : handler_(handler), metrics_(metrics) {}
+    std::optional<std::string> message(std::span<const std::string_view> frames) override {
+      for (std::string_view f : frames) {
+        ++metrics_.pull_messages;
+        metrics_.pull_active = 1;
+        handler_.on_pull(f);
+        metrics_.pull_active = 0;
+      }
+      return std::nullopt;
     }
-    if (reply_socket) metrics.reply_has_pending = metrics.reply_active = 1;
-    const std::string reply = handler.on_router(frames.back().to_string_view(), kind);
-    if (reply_socket) metrics.reply_has_pending = metrics.reply_active = 0;
-    // A DEALER peer reads the last frame, a REQ peer the one after the empty delimiter.
-    socket.send(frames.front(), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-    socket.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::sndmore);
-    socket.send(zmq::buffer(reply), zmq::send_flags::none);
-  }
 
-  void pull_loop(std::vector<zmq::socket_t> sockets, RequestHandler handler) {
+   private:
+    RequestHandler& handler_;
+    Metrics& metrics_;
+  };
+
+  // Answers each request on a ROUTER port; the payload is the last frame (a REQ peer sends an
+  // empty delimiter before it, a DEALER peer nothing).
+  class RouterMessages final : public zmtp::MessageHandler {
+   public:
+    RouterMessages(RequestHandler& handler, Metrics& metrics, RouterKind kind)
+        : handler_(handler), metrics_(metrics), kind_(kind) {}
+    std::optional<std::string> message(std::span<const std::string_view> frames) override {
+      const bool reply_port = kind_ == RouterKind::kReply;
+      ++(reply_port ? metrics_.reply_messages : metrics_.heartbeat_messages);
+      if (reply_port) metrics_.reply_has_pending = metrics_.reply_active = 1;
+      std::string reply = handler_.on_router(frames.back(), kind_);
+      if (reply_port) metrics_.reply_has_pending = metrics_.reply_active = 0;
+      return reply;
+    }
+
+   private:
+    RequestHandler& handler_;
+    Metrics& metrics_;
+    RouterKind kind_;
+  };
+
+  void pull_loop(std::unique_ptr<zmtp::Server> server, RequestHandler handler) {
     name_this_thread("kvc/ingest");
     // Requests before ingest: on busy cores the scheduler should run a ROUTER thread with a
     // waiting lookup before this one (raising one's own nice value needs no privilege). Tried
     // and measured worse: serving the reply ROUTER from this thread between slices.
     if (setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), kIngestNice) != 0)
       spdlog::debug("could not lower the ingest thread's priority: {}", std::strerror(errno));
-    std::vector<zmq::pollitem_t> items;
-    for (auto& s : sockets) items.push_back({s.handle(), 0, ZMQ_POLLIN, 0});
-    std::vector<zmq::message_t> frames;
+    PullMessages messages(handler, metrics);
     while (!stopping.load(std::memory_order_relaxed)) {
-      zmq::poll(items, kPollInterval);
-      std::size_t received = 0;
-      for (std::size_t i = 0; i < sockets.size(); ++i) {
-        if (!(items[i].revents & ZMQ_POLLIN)) continue;
-        metrics.pull_has_pending = 1;
-        metrics.pull_active = 1;
-        // Drain a bounded burst, then poll again so stop() stays responsive.
-        for (int burst = 0; burst < 4096 && recv_multipart(sockets[i], frames); ++burst) {
-          ++received;
-          for (const auto& f : frames) {
-            ++metrics.pull_messages;
-            handler.on_pull(f.to_string_view());
-          }
-        }
-        metrics.pull_active = 0;
-      }
-      metrics.pull_has_pending = 0;
-      if (received > 0 && received < kCoalesceBelow) std::this_thread::sleep_for(kIngestCoalesce);
+      const zmtp::Server::Polled got = server->poll(kPollInterval, messages);
+      metrics.pull_has_pending = got.drained ? 0 : 1;
+      if (got.drained && got.messages > 0 && got.messages < kCoalesceFrames &&
+          got.bytes < kCoalesceBytes)
+        std::this_thread::sleep_for(kIngestCoalesce);
     }
   }
 
-  void router_loop(zmq::socket_t socket, RouterKind kind, RequestHandler handler) {
-    // A blocking receive with a timeout, like a bare ZMQ server: polling first would cost a
-    // poll and a failed receive per request, about a quarter of the CPU heartbeats take.
+  // Requests are answered as they come: a lookup's caller waits for it.
+  void router_loop(std::unique_ptr<zmtp::Server> server, RouterKind kind, RequestHandler handler) {
     name_this_thread(kind == RouterKind::kReply ? "kvc/reply" : "kvc/heartbeat");
-    socket.set(zmq::sockopt::rcvtimeo, static_cast<int>(kPollInterval.count()));
-    std::vector<zmq::message_t> frames;
-    while (!stopping.load(std::memory_order_relaxed))
-      if (recv_multipart(socket, frames, zmq::recv_flags::none))
-        answer(socket, frames, kind, handler);
+    RouterMessages messages(handler, metrics, kind);
+    while (!stopping.load(std::memory_order_relaxed)) (void)server->poll(kPollInterval, messages);
   }
 
   // Workers without a heartbeat contract (LMCache's default) not seen for the worker timeout:
@@ -349,30 +313,40 @@ struct Controller::Impl {
     orchestrator = std::make_unique<Orchestrator>(registry, *fanout, metrics, orch);
     orchestrator_queue = std::make_unique<OrchestratorQueue>(*orchestrator);
 
-    auto pull = bind_socket(ctx, zmq::socket_type::pull, c.controller_host,
-                            c.controller_monitor_ports.pull, kIngestIoThread, "PULL");
+    zmtp::ServerLimits port_limits;
+    port_limits.max_frame_bytes = static_cast<std::uint64_t>(kMaxMessageBytes);
+    // Binds one port of `server`, named as the error says it.
+    auto listen = [&](zmtp::Server& server, int port, const char* what) -> Result<int> {
+      auto bound = server.listen(c.controller_host, port);
+      if (!bound)
+        return make_error(bound.error().code, std::string("cannot bind the ") + what +
+                                                  " socket to " +
+                                                  bind_address(c.controller_host, port) + ": " +
+                                                  bound.error().message);
+      return bound;
+    };
+    auto pulls = zmtp::Server::create(zmtp::SocketType::kPull, port_limits);
+    if (!pulls) return pulls.error();
+    auto pull = listen(**pulls, c.controller_monitor_ports.pull, "PULL");
     if (!pull) return pull.error();
-    ports.pull = bound_port(*pull);
-    std::vector<zmq::socket_t> pulls;
-    pulls.push_back(std::move(*pull));
+    ports.pull = *pull;
     if (c.monitor_port) {
-      auto legacy = bind_socket(ctx, zmq::socket_type::pull, c.controller_host, *c.monitor_port,
-                                kIngestIoThread, "legacy --monitor-port PULL");
+      auto legacy = listen(**pulls, *c.monitor_port, "legacy --monitor-port PULL");
       if (!legacy) return legacy.error();
-      ports.legacy_pull = bound_port(*legacy);
-      pulls.push_back(std::move(*legacy));
+      ports.legacy_pull = *legacy;
     }
-    auto reply = bind_socket(ctx, zmq::socket_type::router, c.controller_host,
-                             c.controller_monitor_ports.reply, kRequestIoThread, "reply ROUTER");
+    auto reply = zmtp::Server::create(zmtp::SocketType::kRouter, port_limits);
     if (!reply) return reply.error();
-    ports.reply = bound_port(*reply);
-    std::optional<zmq::socket_t> heartbeat;
+    auto reply_port = listen(**reply, c.controller_monitor_ports.reply, "reply ROUTER");
+    if (!reply_port) return reply_port.error();
+    ports.reply = *reply_port;
+    std::unique_ptr<zmtp::Server> heartbeat;
     if (c.controller_monitor_ports.heartbeat >= 0) {
-      auto hb =
-          bind_socket(ctx, zmq::socket_type::router, c.controller_host,
-                      c.controller_monitor_ports.heartbeat, kRequestIoThread, "heartbeat ROUTER");
+      auto hb = zmtp::Server::create(zmtp::SocketType::kRouter, port_limits);
       if (!hb) return hb.error();
-      ports.heartbeat = bound_port(*hb);
+      auto hb_port = listen(**hb, c.controller_monitor_ports.heartbeat, "heartbeat ROUTER");
+      if (!hb_port) return hb_port.error();
+      ports.heartbeat = *hb_port;
       heartbeat = std::move(*hb);
     }
     httpd::Limits limits = HttpApi::default_limits();
@@ -386,11 +360,11 @@ struct Controller::Impl {
 
     const HeartbeatAdvert advert{c.controller_advertise_host, c.controller_host, outbound_ip(),
                                  ports.heartbeat};
-    threads.emplace_back(&Impl::pull_loop, this, std::move(pulls), make_handler(advert));
+    threads.emplace_back(&Impl::pull_loop, this, std::move(*pulls), make_handler(advert));
     threads.emplace_back(&Impl::router_loop, this, std::move(*reply), RouterKind::kReply,
                          make_handler(advert));
     if (heartbeat)
-      threads.emplace_back(&Impl::router_loop, this, std::move(*heartbeat), RouterKind::kHeartbeat,
+      threads.emplace_back(&Impl::router_loop, this, std::move(heartbeat), RouterKind::kHeartbeat,
                            make_handler(advert));
     threads.emplace_back(&Impl::housekeeping_loop, this);
     return {};

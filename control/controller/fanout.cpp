@@ -103,7 +103,6 @@ void FanOut::forget(const std::string& worker_key) {
   std::lock_guard lock(impl_->shared.mutex);
   if (impl_->shared.stopping) return;
   impl_->shared.queue.emplace_back(ForgetCmd{worker_key});
-  impl_->shared.wake.signal();
 }
 
 FanOutStats FanOut::stats() const {

@@ -63,7 +63,10 @@ class FanOut {
                                                      std::chrono::milliseconds deadline,
                                                      LateReplyFn on_late = {});
 
-  // Closes the socket of a worker that left (deregistered, reaped or re-registered).
+  // Closes the socket of a worker that left (deregistered, reaped or re-registered) and fails
+  // the calls still waiting on it. Queued without waking the executor: it is taken within one
+  // poll (100 ms at most) and always before a later call to that worker, which queues behind
+  // it. A heartbeat from a moved worker then costs no thread wake-up.
   void forget(const std::string& worker_key);
 
   FanOutStats stats() const;
