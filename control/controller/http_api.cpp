@@ -27,6 +27,12 @@ struct Reply {
 Reply fail(int status, std::string_view text) {
   return Reply{status, http::detail(text)};
 }
+// A request that fails validation: 422 with FastAPI's list of errors.
+Reply invalid(const http::FieldError& e) {
+  Json j = Json::object();
+  j["detail"] = Json::array({e.to_json()});
+  return Reply{422, http::dump(j)};
+}
 Reply ok(const Json& json) {
   return Reply{200, http::dump(json)};
 }
@@ -126,7 +132,7 @@ struct HttpApi::Impl {
   void post(const std::string& path, std::function<Reply(const http::Body&)> handler) {
     server.post(path, [handler](const httplib::Request& req, httplib::Response& res) {
       auto body = http::parse_object(req.body);
-      send(res, body ? handler(*body) : fail(400, body.error().message));
+      send(res, body ? handler(*body) : invalid(body.error()));
     });
   }
 
@@ -142,39 +148,39 @@ struct HttpApi::Impl {
   Reply prometheus();
 };
 
-// Each handler reads its fields in LMCache's order; the first bad one is the 400's detail.
+// Each handler reads its fields in LMCache's order; the first bad one is the 422's detail.
 void HttpApi::Impl::routes() {
   post("/lookup", [this](const http::Body& b) {
     auto tokens = http::get_int_list(b, "tokens");
-    if (!tokens) return fail(400, tokens.error().message);
+    if (!tokens) return invalid(tokens.error());
     return call(wire::LookupMsg{event_id("Lookup"), std::move(*tokens)});
   });
   post("/clear", [this](const http::Body& b) {
     auto instance = http::get_string(b, "instance_id");
-    if (!instance) return fail(400, instance.error().message);
+    if (!instance) return invalid(instance.error());
     auto location = http::get_string(b, "location");
-    if (!location) return fail(400, location.error().message);
+    if (!location) return invalid(location.error());
     return call(wire::ClearMsg{event_id("Clear"), std::move(*instance), std::move(*location)});
   });
   post("/pin", [this](const http::Body& b) {
     auto instance = http::get_string(b, "instance_id");
-    if (!instance) return fail(400, instance.error().message);
+    if (!instance) return invalid(instance.error());
     auto location = http::get_string(b, "location");
-    if (!location) return fail(400, location.error().message);
+    if (!location) return invalid(location.error());
     auto tokens = http::get_int_list(b, "tokens");
-    if (!tokens) return fail(400, tokens.error().message);
+    if (!tokens) return invalid(tokens.error());
     return call(wire::PinMsg{event_id("Pin"), std::move(*instance), std::move(*location),
                              std::move(*tokens)});
   });
   const auto codec = [this]<class M>(std::string_view prefix, const http::Body& b) {
     auto instance = http::get_string(b, "instance_id");
-    if (!instance) return fail(400, instance.error().message);
+    if (!instance) return invalid(instance.error());
     auto method = http::get_string(b, "method");
-    if (!method) return fail(400, method.error().message);
+    if (!method) return invalid(method.error());
     auto location = http::get_string(b, "location");
-    if (!location) return fail(400, location.error().message);
+    if (!location) return invalid(location.error());
     auto tokens = http::get_int_list(b, "tokens", std::vector<std::int64_t>{});
-    if (!tokens) return fail(400, tokens.error().message);
+    if (!tokens) return invalid(tokens.error());
     return call(M{event_id(prefix), std::move(*instance), std::move(*method), std::move(*location),
                   std::move(*tokens)});
   };
@@ -186,24 +192,24 @@ void HttpApi::Impl::routes() {
   });
   post("/move", [this](const http::Body& b) {
     auto old_position = http::get_position(b, "old_position");
-    if (!old_position) return fail(400, old_position.error().message);
+    if (!old_position) return invalid(old_position.error());
     auto new_position = http::get_position(b, "new_position");
-    if (!new_position) return fail(400, new_position.error().message);
+    if (!new_position) return invalid(new_position.error());
     auto tokens = http::get_int_list(b, "tokens", std::vector<std::int64_t>{});
-    if (!tokens) return fail(400, tokens.error().message);
+    if (!tokens) return invalid(tokens.error());
     auto copy = http::get_bool(b, "should_copy", false);
-    if (!copy) return fail(400, copy.error().message);
+    if (!copy) return invalid(copy.error());
     return call(wire::MoveMsg{event_id("Move"), std::move(*old_position), std::move(*new_position),
                               std::move(*tokens), *copy});
   });
   post("/health", [this](const http::Body& b) {
     auto instance = http::get_string(b, "instance_id");
-    if (!instance) return fail(400, instance.error().message);
+    if (!instance) return invalid(instance.error());
     return call(wire::HealthMsg{event_id("health"), std::move(*instance)});
   });
   post("/check_finish", [this](const http::Body& b) {
     auto id = http::get_string(b, "event_id");
-    if (!id) return fail(400, id.error().message);
+    if (!id) return invalid(id.error());
     OrchReply r = orch.handle(wire::CheckFinishMsg{*id});
     if (!r.event) return from_orch(r);
     Json j = Json::object();
@@ -216,7 +222,7 @@ void HttpApi::Impl::routes() {
   post("/query_instance", [this](const http::Body& b) {
     // The body's event_id is ignored, as upstream does; the reply carries a fresh one.
     auto ip = http::get_string(b, "ip");
-    if (!ip) return fail(400, ip.error().message);
+    if (!ip) return invalid(ip.error());
     OrchReply r = orch.handle(wire::QueryInstMsg{event_id("QueryInst"), *ip});
     const auto* ret = std::get_if<wire::QueryInstRetMsg>(&r.reply);
     if (!ret) return from_orch(r);
@@ -229,9 +235,9 @@ void HttpApi::Impl::routes() {
   });
   post("/query_worker_info", [this](const http::Body& b) {
     auto instance = http::get_string(b, "instance_id");
-    if (!instance) return fail(400, instance.error().message);
+    if (!instance) return invalid(instance.error());
     auto ids = http::get_nullable_int_list(b, "worker_ids");
-    if (!ids) return fail(400, ids.error().message);
+    if (!ids) return invalid(ids.error());
     return call(wire::QueryWorkerInfoMsg{event_id("QueryWorkerInfo"), std::move(*instance), *ids});
   });
   get("/controller/workers", [this](const httplib::Request& req) { return workers(req); });
@@ -245,12 +251,9 @@ Reply HttpApi::Impl::workers(const httplib::Request& req) {
       req.has_param("instance_id") ? req.get_param_value("instance_id") : std::string();
   std::optional<std::int64_t> worker_id;
   if (req.has_param("worker_id")) {
-    const std::string text = req.get_param_value("worker_id");
-    std::int64_t v = 0;
-    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-    if (ec != std::errc() || end != text.data() + text.size() || text.empty())
-      return fail(400, "worker_id: expected an integer, got '" + text + "'");
-    worker_id = v;
+    auto v = http::get_query_int("worker_id", req.get_param_value("worker_id"));
+    if (!v) return invalid(v.error());
+    worker_id = *v;
   }
   std::vector<std::int64_t> ids;
   if (worker_id) ids.push_back(*worker_id);

@@ -81,9 +81,11 @@ class BodyReader final : public nlohmann::json_sax<Json> {
     stack_.pop_back();
     return true;
   }
-  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
-    return fail(std::string("request body: invalid JSON: ") + e.what());
+  bool parse_error(std::size_t at, const std::string&, const nlohmann::detail::exception& e) override {
+    if (error_.empty()) error_at_ = at;
+    return fail(e.what());
   }
+  std::size_t error_at() const { return error_at_; }
 
  private:
   bool fail(std::string text) {
@@ -92,7 +94,7 @@ class BodyReader final : public nlohmann::json_sax<Json> {
   }
   bool deeper() {
     if (++depth_ > kMaxBodyDepth)
-      return fail("request body: JSON nested deeper than " + std::to_string(kMaxBodyDepth));
+      return fail("JSON nested deeper than " + std::to_string(kMaxBodyDepth));
     return true;
   }
   // The list being read holds something other than integers: from here on it is JSON.
@@ -137,21 +139,33 @@ class BodyReader final : public nlohmann::json_sax<Json> {
   bool skipping_ = false;  // the body is not an object: read on only to report bad JSON first
   std::vector<std::int64_t> list_;
   std::string error_;
+  std::size_t error_at_ = 0;
 };
+
+// FastAPI's answer to a body that is not JSON: type json_invalid at ["body", offset].
+FieldError json_invalid(std::size_t at, std::string why) {
+  FieldError e{"json_invalid", Json::array({"body", at}), "JSON decode error", Json::object(),
+               Json::object()};
+  e.ctx["error"] = std::move(why);
+  return e;
+}
 
 }  // namespace
 
-Result<Body> parse_object(std::string_view text) {
+Field<Body> parse_object(std::string_view text) {
   Body body;
   BodyReader reader(body);
   bool ok = false;
   try {
     ok = Json::sax_parse(text.begin(), text.end(), &reader);
   } catch (const std::exception& e) {  // the reader throws only bad_alloc; nlohmann reports by call
-    return Error{std::string("request body: ") + e.what()};
+    return json_invalid(0, e.what());
   }
-  if (!ok) return Error{reader.error().empty() ? "request body: invalid JSON" : reader.error()};
-  if (reader.not_an_object()) return Error{"request body: expected a JSON object"};
+  if (!ok) return json_invalid(reader.error_at(), reader.error().empty() ? "invalid JSON" : reader.error());
+  if (reader.not_an_object())
+    return FieldError{"model_attributes_type", Json::array({"body"}),
+                      "Input should be a valid dictionary or object to extract fields from",
+                      nullptr, nullptr};
   return body;
 }
 

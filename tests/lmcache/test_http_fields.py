@@ -192,17 +192,12 @@ def test_answers_have_the_same_fields(kvc, lmc, fresh_tokens):
     ("POST /health (no instance_id)", "/health", {}),
 ])
 def test_validation_errors_have_the_same_fields(kvc, lmc, name, path, body):
-    """A malformed request: LMCache (FastAPI, pydantic) answers 422 {"detail": [{"type", "loc",
-    "msg", "input"}...]}. kvcontroller answers 400 {"detail": "<field>: <problem>"}: a known
-    difference not yet decided on (match FastAPI's shape, or list it as deliberate), reported
-    as an expected failure until then."""
+    """A malformed request: both answer FastAPI's 422 {"detail": [{"type", "loc", "msg",
+    "input"}...]} (kvcontroller names the first bad field; pydantic lists them all)."""
     k = kvc.controller.post(path, body)
     m = lmc.controller.post(path, body)
     assert m[0] == 422, f"LMCache's controller answered {m}"
-    assert 400 <= k[0] < 500, f"kvcontroller answered {k}"
     diffs = compare(name, k, m, kvc.roles, lmc.roles)
-    known = k[0] == 400 and isinstance(k[1], dict) and isinstance(k[1].get("detail"), str)
-    if diffs and known:
-        pytest.xfail("400 {detail: str} instead of FastAPI's 422 {detail: [...]}: " +
-                     "; ".join(diffs[:2]))
     assert not diffs, "\n".join(diffs)
+    assert [e["type"] for e in k[1]["detail"]] == [e["type"] for e in m[1]["detail"]][:1]
+    assert [e["loc"] for e in k[1]["detail"]] == [e["loc"] for e in m[1]["detail"]][:1]

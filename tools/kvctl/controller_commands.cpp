@@ -77,13 +77,29 @@ Answer call_raw(const Target& t, const std::string& method, const std::string& p
   return Answer{r->status, json::parse(r->body, nullptr, /*allow_exceptions=*/false), r->body};
 }
 
+// An error answer's detail: FastAPI's string, or its validation list as "loc: msg; ...".
+std::string detail_text(const Answer& a) {
+  if (!a.body.is_object() || !a.body.contains("detail")) return a.raw;
+  const json& d = a.body["detail"];
+  if (d.is_string()) return d.get<std::string>();
+  if (!d.is_array()) return d.dump();
+  std::string out;
+  for (const json& e : d) {
+    std::string where;
+    if (e.is_object() && e.contains("loc") && e["loc"].is_array())
+      for (const json& part : e["loc"])
+        where += (where.empty() ? "" : ".") + (part.is_string() ? part.get<std::string>() : part.dump());
+    const std::string msg = e.is_object() && e.contains("msg") && e["msg"].is_string()
+                                ? e["msg"].get<std::string>()
+                                : e.dump();
+    out += (out.empty() ? "" : "; ") + (where.empty() ? msg : where + ": " + msg);
+  }
+  return out;
+}
+
 // The body of a 200 answer; any other status or a body that is not JSON exits 1, saying why.
 json ok_body(Answer a, const std::string& path) {
-  if (a.status != 200) {
-    const std::string detail =
-        a.body.is_object() && a.body.contains("detail") ? a.body["detail"].dump() : a.raw;
-    fail(1, path + ": HTTP " + std::to_string(a.status) + ": " + detail);
-  }
+  if (a.status != 200) fail(1, path + ": HTTP " + std::to_string(a.status) + ": " + detail_text(a));
   if (a.body.is_discarded()) fail(1, path + ": the controller answered something that is not JSON");
   return std::move(a.body);
 }

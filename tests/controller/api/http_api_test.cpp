@@ -235,8 +235,9 @@ TEST_F(HttpApiTest, ControllerWorkersListsFiltersAndFindsOne) {
   EXPECT_EQ(r.status, 404);
   EXPECT_EQ(r.body, R"({"detail":"unknown instance 'nope'"})");
   r = get("/controller/workers?instance_id=inst-A&worker_id=x1");
-  EXPECT_EQ(r.status, 400);
-  EXPECT_EQ(r.body, R"({"detail":"worker_id: expected an integer, got 'x1'"})");
+  EXPECT_EQ(r.status, 422);  // FastAPI's query validation
+  EXPECT_EQ(r.json()["detail"][0]["loc"], Json::parse(R"(["query","worker_id"])")) << r.body;
+  EXPECT_EQ(r.json()["detail"][0]["input"], "x1");
 }
 
 TEST_F(HttpApiTest, KeyStatsShape) {
@@ -275,58 +276,79 @@ TEST_F(HttpApiTest, MetricsServeLmcacheAndKvnodeNames) {
       << metrics_.http_requests.load();
 }
 
-TEST_F(HttpApiTest, BadBodiesAre400NamingTheField) {
+// A malformed request is FastAPI's 422: {"detail": [{"type", "loc", "msg", "input"}]}, with
+// pydantic's type and location of the first bad field (compared with the real LMCache
+// controller's answers in tests/lmcache/test_http_fields.py).
+TEST_F(HttpApiTest, BadBodiesAre422NamingTheFieldAsFastApiDoes) {
   struct Case {
     const char* path;
     std::string body;
-    std::string detail;  // prefix of the expected detail
+    std::string type;  // pydantic's error type
+    Json loc;
   };
+  const Json body_0 = Json::array({"body", 0});
+  const auto at = [](std::string field) { return Json::array({"body", std::move(field)}); };
+  const auto item = [](std::string field, int i) { return Json::array({"body", std::move(field), i}); };
   const std::vector<Case> cases = {
-      {"/lookup", "not json", "request body: invalid JSON: "},
-      {"/lookup", "[1,2]", "request body: expected a JSON object"},
-      {"/lookup", "{}", "tokens: field required"},
-      {"/lookup", R"({"tokens":"abc"})", "tokens: expected a list of integers"},
-      {"/lookup", R"({"tokens":[1,2.5]})", "tokens: expected a list of integers"},
-      {"/lookup", R"({"tokens":[18446744073709551615]})", "tokens: expected a list of integers"},
+      {"/lookup", "not json", "json_invalid", body_0},
+      {"/lookup", "[1,2]", "model_attributes_type", Json::array({"body"})},
+      {"/lookup", "{}", "missing", at("tokens")},
+      {"/lookup", R"({"tokens":"abc"})", "list_type", at("tokens")},
+      {"/lookup", R"({"tokens":[1,2.5]})", "int_from_float", item("tokens", 1)},
+      {"/lookup", R"({"tokens":[18446744073709551615]})", "int_type", item("tokens", 0)},
       // Token lists are read apart from the JSON tree; whatever they hold still gets its error.
-      {"/lookup", R"({"tokens":[1,2,"3"]})", "tokens: expected a list of integers"},
-      {"/lookup", R"({"tokens":[1,[2]]})", "tokens: expected a list of integers"},
-      {"/lookup", R"({"tokens":[1,{"a":2}]})", "tokens: expected a list of integers"},
-      {"/lookup", R"({"tokens":[1,2],"tokens":null})", "tokens: expected a list of integers"},
-      {"/lookup", R"({"tokens":[1,2] "x":1})", "request body: invalid JSON: "},
-      {"/lookup", R"({"tokens":[1,2]} trailing)", "request body: invalid JSON: "},
-      {"/lookup", R"([[[1]]] )", "request body: expected a JSON object"},
-      {"/clear", R"({"instance_id":[1],"location":"x"})", "instance_id: expected a string"},
-      {"/move", R"({"old_position":[1,2],"new_position":["b","c"]})",
-       "old_position: expected [instance_id, location] (two strings)"},
-      {"/move", R"({"old_position":[],"new_position":["b","c"]})",
-       "old_position: expected [instance_id, location] (two strings)"},
+      {"/lookup", R"({"tokens":[1,2,"3"]})", "int_parsing", item("tokens", 2)},
+      {"/lookup", R"({"tokens":[1,[2]]})", "int_type", item("tokens", 1)},
+      {"/lookup", R"({"tokens":[1,{"a":2}]})", "int_type", item("tokens", 1)},
+      {"/lookup", R"({"tokens":[1,2],"tokens":null})", "list_type", at("tokens")},
+      {"/lookup", R"({"tokens":[1,2] "x":1})", "json_invalid", body_0},
+      {"/lookup", R"({"tokens":[1,2]} trailing)", "json_invalid", body_0},
+      {"/lookup", R"([[[1]]] )", "model_attributes_type", Json::array({"body"})},
+      {"/clear", R"({"instance_id":[1],"location":"x"})", "string_type", at("instance_id")},
+      {"/move", R"({"old_position":[1,2],"new_position":["b","c"]})", "string_type",
+       item("old_position", 0)},
+      {"/move", R"({"old_position":[],"new_position":["b","c"]})", "missing",
+       item("old_position", 0)},
+      {"/move", R"({"old_position":["a","b","c"],"new_position":["b","c"]})", "too_long",
+       at("old_position")},
+      {"/move", R"({"old_position":"ab","new_position":["b","c"]})", "tuple_type",
+       at("old_position")},
       {"/move", R"({"old_position":["a","b"],"new_position":["b","c"],"should_copy":[1]})",
-       "should_copy: expected a boolean"},
-      {"/clear", R"({"instance_id":"a"})", "location: field required"},
-      {"/clear", R"({"instance_id":5,"location":"x"})", "instance_id: expected a string"},
-      {"/pin", R"({"instance_id":"a","location":"x"})", "tokens: field required"},
-      {"/compress", R"({"instance_id":"a","location":"x"})", "method: field required"},
-      {"/move", R"({"old_position":["a"],"new_position":["b","c"]})",
-       "old_position: expected [instance_id, location] (two strings)"},
+       "bool_type", at("should_copy")},
+      {"/clear", R"({"instance_id":"a"})", "missing", at("location")},
+      {"/clear", R"({"instance_id":5,"location":"x"})", "string_type", at("instance_id")},
+      {"/pin", R"({"instance_id":"a","location":"x"})", "missing", at("tokens")},
+      {"/compress", R"({"instance_id":"a","location":"x"})", "missing", at("method")},
+      {"/move", R"({"old_position":["a"],"new_position":["b","c"]})", "missing",
+       item("old_position", 1)},
       {"/move", R"({"old_position":["a","b"],"new_position":["b","c"],"should_copy":"yes"})",
-       "should_copy: expected a boolean"},
-      {"/health", R"({"instance":"a"})", "instance_id: field required"},
-      {"/check_finish", R"({"event_id":1})", "event_id: expected a string"},
-      {"/query_instance", "{}", "ip: field required"},
-      {"/query_worker_info", R"({"instance_id":"all","worker_ids":"1"})",
-       "worker_ids: expected a list of integers"},
-      {"/lookup", std::string(100, '[') + std::string(100, ']'),
-       "request body: JSON nested deeper than 32"},
+       "bool_type", at("should_copy")},
+      {"/health", R"({"instance":"a"})", "missing", at("instance_id")},
+      {"/check_finish", R"({"event_id":1})", "string_type", at("event_id")},
+      {"/query_instance", "{}", "missing", at("ip")},
+      {"/query_worker_info", R"({"instance_id":"all","worker_ids":"1"})", "list_type",
+       at("worker_ids")},
+      {"/lookup", std::string(100, '[') + std::string(100, ']'), "json_invalid", body_0},
   };
   for (const auto& c : cases) {
     auto r = post_text(c.path, c.body);
-    EXPECT_EQ(r.status, 400) << c.path << " " << c.body << " -> " << r.body;
+    EXPECT_EQ(r.status, 422) << c.path << " " << c.body << " -> " << r.body;
     Json j = r.json();
-    ASSERT_TRUE(j.is_object() && j.contains("detail")) << r.body;
-    EXPECT_TRUE(j["detail"].get<std::string>().starts_with(c.detail))
-        << c.path << " " << c.body << " -> " << r.body;
+    ASSERT_TRUE(j.is_object() && j.contains("detail") && j["detail"].is_array() &&
+                j["detail"].size() == 1)
+        << r.body;
+    const Json& e = j["detail"][0];
+    EXPECT_EQ(e.value("type", ""), c.type) << c.path << " " << c.body << " -> " << r.body;
+    if (c.type != "json_invalid") {
+      EXPECT_EQ(e["loc"], c.loc) << c.path << " " << c.body;
+    } else {  // ["body", the parser's offset]
+      EXPECT_TRUE(e["loc"].size() == 2 && e["loc"][1].is_number()) << r.body;
+    }
+    EXPECT_TRUE(e.contains("msg") && e["msg"].is_string() && e.contains("input")) << r.body;
   }
+  // A missing field's input is the body as sent, token lists included.
+  auto r = post_text("/pin", R"({"instance_id":"a","tokens":[1,2]})");
+  EXPECT_EQ(r.json()["detail"][0]["input"], Json::parse(R"({"instance_id":"a","tokens":[1,2]})"));
 }
 
 TEST_F(HttpApiTest, BracketsInsideStringsAreNotNesting) {
