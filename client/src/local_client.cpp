@@ -163,7 +163,8 @@ struct LocalClient::Impl {
     info = NodeInfo{r.chunk_bytes,  r.chunk_size, r.pages,
                     r.shm,          r.location,   r.instance,
                     r.worker_id,    r.memory,     r.save_unfull_chunk.value_or(true),
-                    r.binary_tokens};
+                    r.binary_tokens, r.hash_generation, r.hash_init,
+                    r.none_hash};
     if (!options.use_shared_memory || r.shm.empty() || r.slots == 0) return {};
     Result<detail::SharedStaging> mapped =
         detail::SharedStaging::open(r.shm, r.slots * r.chunk_bytes);

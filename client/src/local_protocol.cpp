@@ -215,7 +215,8 @@ std::vector<std::byte> encode(const Reply& r) {
                                                                 {"peer_tokens", &r.peer_tokens},
                                                                 {"peer_chunks", &r.peer_chunks},
                                                                 {"since", &r.since},
-                                                                {"kv", &r.kv}};
+                                                                {"kv", &r.kv},
+                                                                {"none_hash", &r.none_hash}};
   for (const auto& [key, value] : uints)
     if (*value != 0) m.add(key, [value](Packer& pk) { pk.pack(*value); });
   if (r.worker_id != 0) m.add("worker_id", [&r](Packer& pk) { pk.pack(r.worker_id); });
@@ -226,7 +227,9 @@ std::vector<std::byte> encode(const Reply& r) {
                                                              {"location", &r.location},
                                                              {"instance", &r.instance},
                                                              {"peer", &r.peer},
-                                                             {"memory", &r.memory}};
+                                                             {"memory", &r.memory},
+                                                             {"hash_generation", &r.hash_generation},
+                                                             {"hash_init", &r.hash_init}};
   for (const auto& [key, value] : strs)
     if (!value->empty()) m.add(key, [value](Packer& pk) { pack_str(pk, *value); });
   if (!r.present.empty())
@@ -322,6 +325,9 @@ Result<Reply> decode_reply(std::span<const std::byte> bytes) {
         if (key == "instance") return read_str(v, path, r.instance);
         if (key == "peer") return read_str(v, path, r.peer);
         if (key == "memory") return read_str(v, path, r.memory);
+        if (key == "hash_generation") return read_str(v, path, r.hash_generation);
+        if (key == "hash_init") return read_str(v, path, r.hash_init);
+        if (key == "none_hash") return read_uint(v, path, r.none_hash);
         if (key == "binary_tokens") return read_bool(v, path, r.binary_tokens);
         if (key == "save_unfull_chunk") {
           bool b = false;

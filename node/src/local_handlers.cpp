@@ -116,6 +116,9 @@ Reply LocalHandlers::info() const {
   r.chunk_size = engine_.chunk_size();
   r.save_unfull_chunk = engine_.save_unfull_chunk();
   r.binary_tokens = true;
+  r.hash_generation = std::string(keys::hash_generation_name(engine_.hashing().generation));
+  r.hash_init = engine_.hashing().init_hash.to_string();
+  r.none_hash = engine_.hashing().none_hash;
   r.pages = pool.page_count();
   r.slots = staging_ ? staging_->slot_count() : 0;
   r.shm = staging_ ? staging_->name() : "";

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 from ._client import Client, KVCache, connect
 from ._errors import Error
+from ._hashes import chunk_hashes
 from ._host import host_array
 
-__all__ = ["Client", "Error", "KVCache", "LAYOUTS", "__version__", "connect", "host_array"]
+__all__ = ["Client", "Error", "KVCache", "LAYOUTS", "__version__", "chunk_hashes", "connect",
+           "host_array"]
 __version__ = "0.1.0"
 
 # register_kv_cache's layout names

@@ -26,6 +26,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 from . import _lib
 from ._args import as_block_ids, as_tokens, positive_int
 from ._errors import Error
+from ._hashes import node_chunk_hashes
 from ._layers import LAYOUTS, plan
 
 __all__ = ["Client", "KVCache", "connect"]
@@ -222,7 +223,9 @@ class Client:
         (tokens per chunk), ``save_unfull_chunk`` (True: a sequence's last partial chunk is a
         chunk of its own, stored, loaded and looked up as LMCache does by default; False: only
         whole chunks), ``pages`` (chunks the pool holds), ``memory`` ("host", "pinned" or
-        "device"), ``instance``, ``worker_id`` and ``location``."""
+        "device"), ``instance``, ``worker_id``, ``location``, and the chain it hashes tokens
+        with: ``hash_generation`` ("lmcache-0.5.6" or "legacy"; "" from an older node),
+        ``hash_init`` and ``none_hash`` (:meth:`chunk_hashes` computes it)."""
         info = _lib.NodeInfo(field_mask=_lib.NODE_INFO_FIELDS_ALL)
         state = self._state
         with state.lock:
@@ -239,7 +242,17 @@ class Client:
             "instance": info.instance.decode("utf-8", "replace"),
             "worker_id": info.worker_id,
             "location": info.location.decode("utf-8", "replace"),
+            "hash_generation": info.hash_generation.decode("utf-8", "replace"),
+            "hash_init": int(info.hash_init) if info.hash_init else 0,
+            "none_hash": info.none_hash,
         }
+
+    def chunk_hashes(self, tokens: Sequence[int]) -> List[int]:
+        """The hashes this node keys `tokens`' chunks by, computed here (LMCache's chain with the
+        node's settings, see :mod:`kvnode._hashes`): ask :meth:`lookup_chunks` or
+        :meth:`lookup_peers_chunks` with them instead of sending every token. ValueError from a
+        node too old to say how it hashes."""
+        return node_chunk_hashes(tokens, self.info)
 
     def lookup(self, tokens: Sequence[int]) -> int:
         """Leading tokens of `tokens` whose chunks this node holds.

@@ -97,7 +97,7 @@ NODE_INFO_FIELD_MEMORY = 1 << 4
 NODE_INFO_FIELD_INSTANCE = 1 << 5
 NODE_INFO_FIELD_LOCATION = 1 << 6
 NODE_INFO_FIELD_SAVE_UNFULL_CHUNK = 1 << 7
-NODE_INFO_FIELDS_ALL = (1 << 8) - 1  # KVNODE_NODE_INFO_FIELDS_ALL
+NODE_INFO_FIELDS_ALL = (1 << 9) - 1  # KVNODE_NODE_INFO_FIELDS_ALL
 KV_RESULT_FIELD_CHUNKS = 1 << 0
 KV_RESULT_FIELD_TOKENS = 1 << 1
 KV_RESULT_FIELD_PULLED = 1 << 2
@@ -151,6 +151,9 @@ class NodeInfo(Structure):
         ("instance", c_char * NAME_BYTES),
         ("location", c_char * NAME_BYTES),
         ("save_unfull_chunk", c_int),
+        ("hash_generation", c_char * 16),
+        ("hash_init", c_char * 24),
+        ("none_hash", c_uint64),
     ]
 
 

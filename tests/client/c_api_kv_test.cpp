@@ -101,6 +101,11 @@ TEST(CApiAgainstKvnode, InfoRegisterStoreLoadAndLookupByBlockTable) {
   EXPECT_STREQ(info.memory, "host");
   EXPECT_EQ(info.instance, node.instance());
   EXPECT_EQ(info.save_unfull_chunk, 1) << "the node hashes as LMCache does by default";
+  // Its chain, for a client that hashes tokens itself: LMCache 0.5.6's, from 0, and the legacy
+  // chain's hash(None) (CPython 3.12's).
+  EXPECT_STREQ(info.hash_generation, "lmcache-0.5.6");
+  EXPECT_STREQ(info.hash_init, "0");
+  EXPECT_EQ(info.none_hash, 0xFCA86420u);
   EXPECT_EQ(kvnode_client_info(client.get(), nullptr, &err), KVNODE_ERR_INVALID);
 
   // The cache: 4 layers of [2, 32 blocks, 16, 2, 128] bf16 in one memfd, bytes a pattern.

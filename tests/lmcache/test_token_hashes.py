@@ -17,9 +17,13 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from typing import Any, Dict, List, Tuple
 
-from lmc_procs import kvctl
+from lmc_procs import ROOT, kvctl
+
+sys.path.insert(0, str(ROOT / "python"))
+import kvnode  # noqa: E402  (the pure-Python chain needs no native library)
 
 PY312_NONE_HASH = 0xFCA86420  # hash(None) on CPython >= 3.12
 
@@ -161,3 +165,19 @@ def test_known_vectors():
     legacy = kvnode_hashes([{"tokens": list(range(600)), "hash_generation": "legacy"}])[0]
     assert legacy == [-7693565463539782743, 2055708856580048389, -1455558097904284410]
     assert legacy == lmcache_hashes(list(range(600)), 256, True, 0, legacy_slot=_Py312None())
+
+
+def test_the_python_clients_chain_equals_lmcache_in_both_generations():
+    """kvnode.chunk_hashes, which the vLLM connector's scheduler asks its node by, is LMCache's
+    chain: 0.5.6's, and the legacy one with this interpreter's hash(None) and with 3.12's."""
+    def ours(c, **kw):
+        tokens, chunk_size, unfull, init = c
+        return kvnode.chunk_hashes(tokens, chunk_size, hash_init=init, save_unfull_chunk=unfull,
+                                   **kw)
+    bad = _mismatches(CASES, [ours(c) for c in CASES], [lmcache_hashes(*c) for c in CASES])
+    bad += _mismatches(CASES, [ours(c, generation="legacy", none_hash=hash(None)) for c in CASES],
+                       [lmcache_hashes(*c, legacy_slot=None) for c in CASES])
+    bad += _mismatches(CASES, [ours(c, generation="legacy", none_hash=PY312_NONE_HASH)
+                               for c in CASES],
+                       [lmcache_hashes(*c, legacy_slot=_Py312None()) for c in CASES])
+    assert not bad, f"{len(bad)} token lists hash differently:\n" + "\n".join(bad)

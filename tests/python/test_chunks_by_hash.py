@@ -124,3 +124,40 @@ def test_a_question_never_waits_behind_another_threads_copy(cluster):
             t.join()
         assert client.lookup_chunks(keys) == 2  # the client's own connection again
     assert client._state.side is None  # closed with the client
+
+
+@pytest.mark.parametrize("chain", [[], ["--hash-generation", "legacy",
+                                        "--hash-init", "18446744073709551615"]])
+def test_tokens_hashed_by_the_client_name_what_the_node_stored_by_tokens(cluster, log_dir,
+                                                                          fresh_tokens, chain):
+    """Client.chunk_hashes computes the node's chain, which its info names (the default, and
+    the legacy one with an initial hash past 2^63): what the node stored by tokens is found by
+    those hashes, here and through lookup_peers_chunks, a partial last chunk included."""
+    from kvnode_procs import NodeProcess, wait_unfrozen
+
+    node = NodeProcess(f"chain{len(chain)}", cluster.controller, log_dir, extra=chain)
+    try:
+        wait_unfrozen(node)
+        layers, _ = make_layers(Shape("vllm"), seed=5)
+        tokens = fresh_tokens(5 * BLOCK + 3)  # 6 chunks, the last partial
+        with kvnode.connect(node.socket) as client:
+            info = client.info
+            assert info["hash_generation"] == ("legacy" if chain else "lmcache-0.5.6")
+            assert info["hash_init"] == (2**64 - 1 if chain else 0)
+            hashes = client.chunk_hashes(tokens)
+            assert hashes == kvnode.chunk_hashes(
+                tokens, info["chunk_size"], generation=info["hash_generation"],
+                hash_init=info["hash_init"], none_hash=info["none_hash"])
+            assert len(hashes) == 6
+            assert client.lookup_chunks(hashes) == 0
+            with client.register_kv_cache(layers, BLOCK) as kv:
+                assert kv.store(tokens, list(range(6))) == len(tokens)
+            assert client.lookup_chunks(hashes) == 6
+            assert client.lookup_peers_chunks(hashes)["chunks"] == 6
+            # The other chain's hashes name none of it.
+            other = kvnode.chunk_hashes(tokens, info["chunk_size"],
+                                        generation="lmcache-0.5.6" if chain else "legacy")
+            assert client.lookup_chunks(other) == 0
+            assert client.lookup_chunks(hashes[:4] + other[4:]) == 4
+    finally:
+        node.stop()

@@ -98,12 +98,14 @@ enum {
   KVNODE_NODE_INFO_FIELD_INSTANCE = 1u << 5,
   KVNODE_NODE_INFO_FIELD_LOCATION = 1u << 6,
   KVNODE_NODE_INFO_FIELD_SAVE_UNFULL_CHUNK = 1u << 7,
+  KVNODE_NODE_INFO_FIELD_HASHING = 1u << 8,
 };
 #define KVNODE_NODE_INFO_FIELDS_ALL                                                          \
   ((uint64_t)(KVNODE_NODE_INFO_FIELD_CHUNK_BYTES | KVNODE_NODE_INFO_FIELD_CHUNK_SIZE |     \
               KVNODE_NODE_INFO_FIELD_PAGES | KVNODE_NODE_INFO_FIELD_WORKER_ID |            \
               KVNODE_NODE_INFO_FIELD_MEMORY | KVNODE_NODE_INFO_FIELD_INSTANCE |            \
-              KVNODE_NODE_INFO_FIELD_LOCATION | KVNODE_NODE_INFO_FIELD_SAVE_UNFULL_CHUNK))
+              KVNODE_NODE_INFO_FIELD_LOCATION | KVNODE_NODE_INFO_FIELD_SAVE_UNFULL_CHUNK | \
+              KVNODE_NODE_INFO_FIELD_HASHING))
 typedef struct kvnode_node_info {
   uint64_t field_mask;  /* set by the caller: KVNODE_NODE_INFO_FIELD_* of the fields to fill */
   uint64_t chunk_bytes; /* bytes per chunk (one pool page) */
@@ -117,6 +119,15 @@ typedef struct kvnode_node_info {
    * stored, loaded and looked up like the others (LMCache's save_unfull_chunk, its default), so
    * 40 tokens in 16-token chunks are 3 chunks and 40 tokens; 0: whole chunks only (32 tokens). */
   int save_unfull_chunk;
+  /* KVNODE_NODE_INFO_FIELD_HASHING: the chain the node keys chunks by, LMCache's:
+   *   h[-1] = hash_init;  h[i] = hash((h[i-1], tuple(chunk i's tokens), third))
+   * with CPython's hash(), third = () for "lmcache-0.5.6" or None for "legacy", whose hash is
+   * none_hash (CPython's hash(None) depends on the interpreter). hash_init is decimal: it may
+   * pass 2^63. A client that hashes tokens itself to ask by hash (kvnode_lookup_chunks) needs
+   * all three; an older node leaves hash_generation empty. */
+  char hash_generation[16];
+  char hash_init[24];
+  uint64_t none_hash;
 } kvnode_node_info_t;
 
 /* The node's shape, as it said when the client connected (no request is sent): the fields

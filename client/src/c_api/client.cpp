@@ -97,6 +97,12 @@ extern "C" kvnode_status_t kvnode_client_info(kvnode_client_t* client, kvnode_no
       kvnode::c_api::copy_cut(info->location, sizeof info->location, n.location);
     if (want & KVNODE_NODE_INFO_FIELD_SAVE_UNFULL_CHUNK)
       info->save_unfull_chunk = n.save_unfull_chunk ? 1 : 0;
+    if (want & KVNODE_NODE_INFO_FIELD_HASHING) {
+      kvnode::c_api::copy_cut(info->hash_generation, sizeof info->hash_generation,
+                              n.hash_generation);
+      kvnode::c_api::copy_cut(info->hash_init, sizeof info->hash_init, n.hash_init);
+      info->none_hash = n.none_hash;
+    }
     return ok(err);
   });
 }

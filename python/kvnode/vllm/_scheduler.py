@@ -15,6 +15,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from .._hashes import node_chunk_hashes
 from ._config import ConnectorConfig
 from ._link import NodeLink
 from ._meta import Load, Save, StepMeta
@@ -48,19 +49,38 @@ class SchedulerSide:
     def _held(self, tokens: List[int]) -> tuple:
         """(local tokens every rank's node holds, tokens every rank holds or can pull)."""
         local = remote = len(tokens)
+        chains: Dict[tuple, List[int]] = {}  # the hashes per chain (every rank's is the same)
         for link in self.links:
-            if self.config.peers:
-                got = link.call(lambda c: c.lookup_peers(tokens), None)
-                if got is None:
-                    return 0, 0
-                here, there = got["tokens"], max(got["tokens"], got["peer_tokens"])
-            else:
-                here = link.call(lambda c: c.lookup(tokens), None)
-                if here is None:
-                    return 0, 0
-                there = here
+            got = link.call(lambda c: self._ask(c, tokens, chains), None)
+            if got is None:
+                return 0, 0
+            here, there = got
             local, remote = min(local, here), min(remote, there)
         return local, remote
+
+    def _ask(self, client: Any, tokens: List[int], chains: Dict[tuple, List[int]]) -> tuple:
+        """(tokens this node holds, tokens it holds or a peer does). By chunk hash, computed here
+        with the node's chain (a 32k-token prompt costs half of sending its tokens); a node too
+        old to say which chain it uses is asked by tokens."""
+        info = client.info
+        if not info["hash_generation"]:
+            if self.config.peers:
+                got = client.lookup_peers(tokens)
+                return got["tokens"], max(got["tokens"], got["peer_tokens"])
+            here = client.lookup(tokens)
+            return here, here
+        chain = (info["hash_generation"], info["hash_init"], info["none_hash"],
+                 info["chunk_size"], info["save_unfull_chunk"])
+        hashes = chains.get(chain)
+        if hashes is None:
+            hashes = chains[chain] = node_chunk_hashes(tokens, info)
+        as_tokens = lambda chunks: min(chunks * info["chunk_size"], len(tokens))  # noqa: E731
+        if self.config.peers:
+            got = client.lookup_peers_chunks(hashes)
+            here = as_tokens(got["chunks"])
+            return here, max(here, as_tokens(got["peer_chunks"]))
+        here = as_tokens(client.lookup_chunks(hashes))
+        return here, here
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple:
         req_id = request.request_id

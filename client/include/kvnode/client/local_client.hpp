@@ -60,6 +60,10 @@ struct NodeInfo {
   // loaded and looked up like the others. Older nodes do not say; they did (true).
   bool save_unfull_chunk = true;
   bool binary_tokens = false;  // the node reads tokens as one binary field (faster for long ones)
+  // The chain the node hashes tokens with (LMCache's, see kvnode_client.h): a client that hashes
+  // tokens itself and asks by hash needs these. "" from older nodes.
+  std::string hash_generation{}, hash_init{};
+  std::uint64_t none_hash = 0;
 };
 
 struct RetrieveReply {

@@ -91,6 +91,10 @@ struct Reply {
   std::string memory{};                     // info: the pool's memory, "host", "pinned" or "device"
   std::optional<bool> save_unfull_chunk{};  // info: a last partial chunk is a chunk (unset: old)
   bool binary_tokens = false;  // info: the node reads "token_bytes" (older nodes do not say)
+  // info: the chunk-hash chain ("lmcache-0.5.6" or "legacy"; "" from older nodes), its initial
+  // hash in decimal (it may pass 2^63) and hash(None) of the legacy chain
+  std::string hash_generation{}, hash_init{};
+  std::uint64_t none_hash = 0;
   // per op
   std::vector<bool> present{};          // contains
   std::vector<std::int64_t> offsets{};  // reserve/lease: each chunk's slot (byte offset); -1 stored

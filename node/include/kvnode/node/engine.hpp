@@ -50,6 +50,7 @@ class Engine {
 
   std::size_t chunk_size() const { return options_.hashing.chunk_size; }
   bool save_unfull_chunk() const { return options_.hashing.save_unfull_chunk; }
+  const keys::ChunkHashConfig& hashing() const { return options_.hashing; }
 
   void freeze(bool on) { store_.freeze(on); }
   bool frozen() const { return store_.frozen(); }
