@@ -1,7 +1,7 @@
 // Bytes from a TCP peer into zmtp::Reader, delivered in pieces as zmtp::Server delivers them (the
-// first byte picks the piece size and our socket type, the second the frame limit). Traps when a frame passes the
-// limit, more is consumed than was given, or what is left over is a unit the reader could have
-// taken (the server would then wait forever for bytes it already holds).
+// first byte picks the piece size and our socket type, the second the frame limit). Traps when a
+// frame passes the limit, more is consumed than was given, or what is left over is a unit the
+// reader could have taken (the server would then wait forever for bytes it already holds).
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -27,7 +27,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::size_t step = 1 + data[0] % 64;
   const std::uint64_t max_frame = std::uint64_t{data[1]} * 16;
   const std::string input(reinterpret_cast<const char*>(data + 2), size - 2);
-  const auto type = data[0] & 0x80 ? kvnode::zmtp::SocketType::kRouter : kvnode::zmtp::SocketType::kPull;
+  const auto type =
+      data[0] & 0x80 ? kvnode::zmtp::SocketType::kRouter : kvnode::zmtp::SocketType::kPull;
   kvnode::zmtp::Reader reader(type, max_frame);
   Sink sink(max_frame);
   std::string held, reply;

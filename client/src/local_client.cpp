@@ -160,9 +160,9 @@ struct LocalClient::Impl {
                                                   "): connect again");
     pool.reset();
     slots = 0;
-    info = NodeInfo{r.chunk_bytes,  r.chunk_size, r.pages,
-                    r.shm,          r.location,   r.instance,
-                    r.worker_id,    r.memory,     r.save_unfull_chunk.value_or(true),
+    info = NodeInfo{r.chunk_bytes,   r.chunk_size,      r.pages,
+                    r.shm,           r.location,        r.instance,
+                    r.worker_id,     r.memory,          r.save_unfull_chunk.value_or(true),
                     r.binary_tokens, r.hash_generation, r.hash_init,
                     r.none_hash};
     if (!options.use_shared_memory || r.shm.empty() || r.slots == 0) return {};

@@ -223,13 +223,14 @@ std::vector<std::byte> encode(const Reply& r) {
   if (r.save_unfull_chunk)
     m.add("save_unfull_chunk", [&r](Packer& pk) { pk.pack(*r.save_unfull_chunk); });
   if (r.binary_tokens) m.add("binary_tokens", [](Packer& pk) { pk.pack(true); });
-  const std::pair<const char*, const std::string*> strs[] = {{"shm", &r.shm},
-                                                             {"location", &r.location},
-                                                             {"instance", &r.instance},
-                                                             {"peer", &r.peer},
-                                                             {"memory", &r.memory},
-                                                             {"hash_generation", &r.hash_generation},
-                                                             {"hash_init", &r.hash_init}};
+  const std::pair<const char*, const std::string*> strs[] = {
+      {"shm", &r.shm},
+      {"location", &r.location},
+      {"instance", &r.instance},
+      {"peer", &r.peer},
+      {"memory", &r.memory},
+      {"hash_generation", &r.hash_generation},
+      {"hash_init", &r.hash_init}};
   for (const auto& [key, value] : strs)
     if (!value->empty()) m.add(key, [value](Packer& pk) { pack_str(pk, *value); });
   if (!r.present.empty())

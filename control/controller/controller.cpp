@@ -176,7 +176,8 @@ struct Controller::Impl {
   // Hands each frame read on the PULL port to the handler.
   class PullMessages final : public zmtp::MessageHandler {
    public:
-    PullMessages(RequestHandler& handler, Metrics& metrics) : handler_(handler), metrics_(metrics) {}
+    PullMessages(RequestHandler& handler, Metrics& metrics)
+        : handler_(handler), metrics_(metrics) {}
     std::optional<std::string> message(std::span<const std::string_view> frames) override {
       for (std::string_view f : frames) {
         ++metrics_.pull_messages;
@@ -319,10 +320,9 @@ struct Controller::Impl {
     auto listen = [&](zmtp::Server& server, int port, const char* what) -> Result<int> {
       auto bound = server.listen(c.controller_host, port);
       if (!bound)
-        return make_error(bound.error().code, std::string("cannot bind the ") + what +
-                                                  " socket to " +
-                                                  bind_address(c.controller_host, port) + ": " +
-                                                  bound.error().message);
+        return make_error(bound.error().code,
+                          std::string("cannot bind the ") + what + " socket to " +
+                              bind_address(c.controller_host, port) + ": " + bound.error().message);
       return bound;
     };
     auto pulls = zmtp::Server::create(zmtp::SocketType::kPull, port_limits);

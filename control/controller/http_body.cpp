@@ -81,7 +81,8 @@ class BodyReader final : public nlohmann::json_sax<Json> {
     stack_.pop_back();
     return true;
   }
-  bool parse_error(std::size_t at, const std::string&, const nlohmann::detail::exception& e) override {
+  bool parse_error(std::size_t at, const std::string&,
+                   const nlohmann::detail::exception& e) override {
     if (error_.empty()) error_at_ = at;
     return fail(e.what());
   }
@@ -161,7 +162,9 @@ Field<Body> parse_object(std::string_view text) {
   } catch (const std::exception& e) {  // the reader throws only bad_alloc; nlohmann reports by call
     return json_invalid(0, e.what());
   }
-  if (!ok) return json_invalid(reader.error_at(), reader.error().empty() ? "invalid JSON" : reader.error());
+  if (!ok)
+    return json_invalid(reader.error_at(),
+                        reader.error().empty() ? "invalid JSON" : reader.error());
   if (reader.not_an_object())
     return FieldError{"model_attributes_type", Json::array({"body"}),
                       "Input should be a valid dictionary or object to extract fields from",

@@ -158,10 +158,10 @@ Field<wire::Position> get_position(const Body& body, std::string_view name) {
     return wrong("missing", std::move(loc), "Field required", given);
   }
   if (given.size() > 2) {
-    FieldError e = wrong("too_long", body_loc(name),
-                         "Tuple should have at most 2 items after validation, not " +
-                             std::to_string(given.size()),
-                         given);
+    FieldError e = wrong(
+        "too_long", body_loc(name),
+        "Tuple should have at most 2 items after validation, not " + std::to_string(given.size()),
+        given);
     e.ctx = Json{{"field_type", "Tuple"}, {"max_length", 2}, {"actual_length", given.size()}};
     return e;
   }

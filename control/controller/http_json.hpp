@@ -27,11 +27,11 @@ inline constexpr int kMaxBodyDepth = 32;
 // A request field that failed validation, as pydantic reports it (a client that handles LMCache's
 // 422 answers reads ours the same way).
 struct FieldError {
-  std::string type;  // pydantic's error type: "missing", "string_type", "list_type", ...
-  Json loc;          // ["body", field], ["body", field, index], ["query", name]
-  std::string msg;   // pydantic's message for the type
-  Json input;        // what was given; the whole body when the field is missing
-  Json ctx;          // null, or details (the JSON parser's error, a tuple's length)
+  std::string type;          // pydantic's error type: "missing", "string_type", "list_type", ...
+  Json loc;                  // ["body", field], ["body", field, index], ["query", name]
+  std::string msg;           // pydantic's message for the type
+  Json input;                // what was given; the whole body when the field is missing
+  Json ctx;                  // null, or details (the JSON parser's error, a tuple's length)
   std::string text() const;  // "tokens: Field required", for logs
   Json to_json() const;      // one entry of the 422's "detail" list
 };
@@ -40,7 +40,7 @@ struct FieldError {
 template <class T>
 class [[nodiscard]] Field {
  public:
-  Field(T value) : v_(std::in_place_index<0>, std::move(value)) {}  // NOLINT: implicit by design
+  Field(T value) : v_(std::in_place_index<0>, std::move(value)) {}   // NOLINT: implicit by design
   Field(FieldError e) : v_(std::in_place_index<1>, std::move(e)) {}  // NOLINT
   explicit operator bool() const noexcept { return v_.index() == 0; }
   T& operator*() { return std::get<0>(v_); }

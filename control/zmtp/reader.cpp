@@ -58,7 +58,8 @@ bool equal_ignoring_case(std::string_view a, std::string_view b) {
 
 std::string printable(std::string_view s) {
   std::string out;
-  for (char c : s.substr(0, 32)) out.push_back(std::isprint(static_cast<unsigned char>(c)) ? c : '?');
+  for (char c : s.substr(0, 32))
+    out.push_back(std::isprint(static_cast<unsigned char>(c)) ? c : '?');
   return out;
 }
 
@@ -142,8 +143,8 @@ Status Reader::on_command(std::string_view body, std::string& reply) {
     if (!type) return type.error();
     if (!pairs_with(ours_, *type))
       return make_error(ErrorCode::kRefused, std::string("a ") + to_string(ours_) +
-                                                 " socket does not pair with '" +
-                                                 printable(*type) + "'");
+                                                 " socket does not pair with '" + printable(*type) +
+                                                 "'");
     phase_ = Phase::kTraffic;
     return {};
   }

@@ -29,14 +29,14 @@ using Clock = std::chrono::steady_clock;
 constexpr int kBacklog = 1024;
 constexpr std::size_t kEventsPerWait = 64;
 constexpr std::size_t kAcceptsPerWake = 64;
-constexpr std::size_t kFirstBuffer = 64 << 10;        // a connection's buffer once it sends
+constexpr std::size_t kFirstBuffer = 64 << 10;          // a connection's buffer once it sends
 constexpr std::size_t kShrinkAbove = 4 * kFirstBuffer;  // given back when empty after a big frame
 // Bytes read from one connection per poll() before the next one's turn.
 constexpr std::size_t kReadBudget = 1 << 20;
 // Replies a peer has not read: past this, the connection is not read until it takes them.
 constexpr std::size_t kMaxUnsent = 4 << 20;
 constexpr std::size_t kCompactSentAbove = 64 << 10;
-constexpr auto kSweepPeriod = std::chrono::seconds(1);  // handshake deadline resolution
+constexpr auto kSweepPeriod = std::chrono::seconds(1);         // handshake deadline resolution
 constexpr auto kAcceptPause = std::chrono::milliseconds(100);  // after EMFILE
 constexpr auto kLogPeriod = std::chrono::seconds(10);
 
@@ -132,7 +132,8 @@ class MessageSink final : public FrameSink {
 }  // namespace
 
 struct Server::Impl {
-  Impl(SocketType t, const ServerLimits& l, UniqueFd ep) : type(t), limits(l), epoll(std::move(ep)) {}
+  Impl(SocketType t, const ServerLimits& l, UniqueFd ep)
+      : type(t), limits(l), epoll(std::move(ep)) {}
 
   SocketType type;
   ServerLimits limits;
@@ -238,8 +239,8 @@ struct Server::Impl {
   // Hands the socket what waits; false when the connection is gone.
   bool flush(Connection& c) {
     while (c.unsent() > 0) {
-      const ssize_t n = ::send(c.fd.get(), c.out.data() + c.out_sent, c.unsent(),
-                               MSG_NOSIGNAL | MSG_DONTWAIT);
+      const ssize_t n =
+          ::send(c.fd.get(), c.out.data() + c.out_sent, c.unsent(), MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n > 0) {
         c.out_sent += static_cast<std::size_t>(n);
       } else if (n < 0 && errno == EINTR) {
@@ -361,15 +362,14 @@ Result<int> Server::listen(const std::string& host, int port) {
   if (!fd) return make_error(ErrorCode::kIo, std::string("socket: ") + std::strerror(errno));
   const int on = 1;
   ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
-  if (::bind(fd.get(), found->ai_addr, found->ai_addrlen) != 0 ||
-      ::listen(fd.get(), kBacklog) != 0)
+  if (::bind(fd.get(), found->ai_addr, found->ai_addrlen) != 0 || ::listen(fd.get(), kBacklog) != 0)
     return make_error(ErrorCode::kIo, std::strerror(errno));
   sockaddr_storage bound{};
   socklen_t len = sizeof bound;
   ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&bound), &len);
-  const int bound_port = ntohs(bound.ss_family == AF_INET6
-                                   ? reinterpret_cast<sockaddr_in6&>(bound).sin6_port
-                                   : reinterpret_cast<sockaddr_in&>(bound).sin_port);
+  const int bound_port =
+      ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6&>(bound).sin6_port
+                                        : reinterpret_cast<sockaddr_in&>(bound).sin_port);
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.fd = fd.get();

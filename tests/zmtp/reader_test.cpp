@@ -100,8 +100,8 @@ TEST(ZmtpReader, ARouterPairsWithDealerAndReqNotPush) {
     Reader r(kRouter, 1 << 20);
     Frames sink;
     std::string replies;
-    ASSERT_TRUE(feed(r, peer_greeting() + ready(type) + message("", true) + message("q"), 5, sink,
-                     replies))
+    ASSERT_TRUE(
+        feed(r, peer_greeting() + ready(type) + message("", true) + message("q"), 5, sink, replies))
         << type;
     EXPECT_EQ(replies, ready("ROUTER")) << type;
     EXPECT_EQ(sink.got, (std::vector<std::string>{"", "q"})) << type;
@@ -131,8 +131,9 @@ TEST(ZmtpReader, PingIsAnsweredWithPongCarryingItsContext) {
   EXPECT_EQ(replies, command("PONG", "ctx"));
   EXPECT_EQ(sink.got, std::vector<std::string>{"m"});
   replies.clear();  // an empty ping, and a context past the spec's 16 bytes is cut
-  ASSERT_TRUE(feed(r, command("PING", "") + command("PING", std::string(2, '\0') + std::string(40, 'c')),
-                   1000, sink, replies));
+  ASSERT_TRUE(
+      feed(r, command("PING", "") + command("PING", std::string(2, '\0') + std::string(40, 'c')),
+           1000, sink, replies));
   EXPECT_EQ(replies, command("PONG", "") + command("PONG", std::string(16, 'c')));
 }
 
@@ -150,9 +151,10 @@ TEST(ZmtpReader, PeersItDoesNotServeAreRefusedWithTheReason) {
        ErrorCode::kRefused},
       {"no socket type", peer_greeting() + command("READY", ""), "no Socket-Type",
        ErrorCode::kInvalid},
-      {"cut property", peer_greeting() + command("READY", "\x0bSocket-Type\x00\x00"),
-       "cut short", ErrorCode::kInvalid},
-      {"value past the end", peer_greeting() + command("READY", std::string("\x0bSocket-Type\0\0\0\x09PUSH", 20)),
+      {"cut property", peer_greeting() + command("READY", "\x0bSocket-Type\x00\x00"), "cut short",
+       ErrorCode::kInvalid},
+      {"value past the end",
+       peer_greeting() + command("READY", std::string("\x0bSocket-Type\0\0\0\x09PUSH", 20)),
        "cut short", ErrorCode::kInvalid},
       {"message first", peer_greeting() + message("m"), "before the handshake",
        ErrorCode::kInvalid},
@@ -162,8 +164,8 @@ TEST(ZmtpReader, PeersItDoesNotServeAreRefusedWithTheReason) {
        ErrorCode::kInvalid},
       {"command with more", peer_greeting() + ready("PUSH") + "\x05\x01m", "'more'",
        ErrorCode::kInvalid},
-      {"name past the end", peer_greeting() + ready("PUSH") + "\x04\x02\x09P",
-       "name is cut short", ErrorCode::kInvalid},
+      {"name past the end", peer_greeting() + ready("PUSH") + "\x04\x02\x09P", "name is cut short",
+       ErrorCode::kInvalid},
       {"error command", peer_greeting() + ready("PUSH") + command("ERROR", "\x04gone"),
        "ERROR: gone", ErrorCode::kPeerLost},
   };
@@ -193,8 +195,8 @@ TEST(ZmtpReader, AFrameOverTheLimitIsRefusedFromItsHeaderAlone) {
   EXPECT_NE(used.error().message.find("over the limit of 1000"), std::string::npos);
   // At the limit it is taken.
   Reader ok(kPull, 300);
-  ASSERT_TRUE(feed(ok, peer_greeting() + ready("PUSH") + message(std::string(300, 'y')), 7, sink,
-                   replies));
+  ASSERT_TRUE(
+      feed(ok, peer_greeting() + ready("PUSH") + message(std::string(300, 'y')), 7, sink, replies));
   EXPECT_EQ(sink.got.back().size(), 300u);
 }
 

@@ -44,8 +44,7 @@ struct Frames final : kvnode::zmtp::MessageHandler {
   std::size_t messages = 0;
 };
 
-std::unique_ptr<Server> make_server(ServerLimits limits = {},
-                                    SocketType type = SocketType::kPull) {
+std::unique_ptr<Server> make_server(ServerLimits limits = {}, SocketType type = SocketType::kPull) {
   auto s = Server::create(type, limits);
   EXPECT_TRUE(s) << s.error().message;
   return std::move(*s);
@@ -209,9 +208,8 @@ TEST(ZmtpPull, AFrameOverTheLimitClosesOnlyItsConnection) {
   bad.send(zmq::buffer(std::string(1001, 'b')), zmq::send_flags::none);
   good.send(zmq::buffer(std::string(1000, 'g')), zmq::send_flags::none);
   Frames sink;
-  ASSERT_TRUE(poll_until(*server, sink, [&] {
-    return server->stats().refused == 1 && sink.got.size() == 1;
-  }));
+  ASSERT_TRUE(poll_until(*server, sink,
+                         [&] { return server->stats().refused == 1 && sink.got.size() == 1; }));
   EXPECT_EQ(sink.got[0], std::string(1000, 'g'));
 }
 
@@ -234,7 +232,8 @@ TEST(ZmtpPull, BufferedBytesAndConnectionsAreCapped) {
   // Two peers each half-way through a 2 MiB frame: the second to need room past the cap goes.
   const std::string two_mib(2 << 20, 'm');
   std::string header = "\x02";
-  for (int i = 7; i >= 0; --i) header.push_back(static_cast<char>((two_mib.size() >> (8 * i)) & 0xFF));
+  for (int i = 7; i >= 0; --i)
+    header.push_back(static_cast<char>((two_mib.size() >> (8 * i)) & 0xFF));
   std::vector<kvnode::UniqueFd> raws;
   (void)a, (void)b;
   a.close();
@@ -315,7 +314,10 @@ TEST(ZmtpRouter, APeerThatNeverReadsItsRepliesIsNoLongerReadNorBuffered) {
   std::string hello(64, '\0');
   hello[0] = static_cast<char>(0xFF), hello[8] = 1, hello[9] = 0x7F, hello[10] = 3, hello[11] = 1;
   hello.replace(12, 4, "NULL");
-  hello += std::string("\x04\x1c\x05READY\x0bSocket-Type\0\0\0\x06" "DEALER", 30);
+  hello += std::string(
+      "\x04\x1c\x05READY\x0bSocket-Type\0\0\0\x06"
+      "DEALER",
+      30);
   ASSERT_EQ(::send(raw.get(), hello.data(), hello.size(), MSG_NOSIGNAL),
             static_cast<ssize_t>(hello.size()));
   const std::string request = std::string("\x00\xff", 2) + std::string(255, 'r');  // 257 bytes

@@ -88,7 +88,8 @@ std::string detail_text(const Answer& a) {
     std::string where;
     if (e.is_object() && e.contains("loc") && e["loc"].is_array())
       for (const json& part : e["loc"])
-        where += (where.empty() ? "" : ".") + (part.is_string() ? part.get<std::string>() : part.dump());
+        where +=
+            (where.empty() ? "" : ".") + (part.is_string() ? part.get<std::string>() : part.dump());
     const std::string msg = e.is_object() && e.contains("msg") && e["msg"].is_string()
                                 ? e["msg"].get<std::string>()
                                 : e.dump();

@@ -288,7 +288,9 @@ TEST_F(HttpApiTest, BadBodiesAre422NamingTheFieldAsFastApiDoes) {
   };
   const Json body_0 = Json::array({"body", 0});
   const auto at = [](std::string field) { return Json::array({"body", std::move(field)}); };
-  const auto item = [](std::string field, int i) { return Json::array({"body", std::move(field), i}); };
+  const auto item = [](std::string field, int i) {
+    return Json::array({"body", std::move(field), i});
+  };
   const std::vector<Case> cases = {
       {"/lookup", "not json", "json_invalid", body_0},
       {"/lookup", "[1,2]", "model_attributes_type", Json::array({"body"})},

@@ -41,7 +41,8 @@ class Reader {
 
   // ours: the socket type we speak for. max_frame_bytes: a longer frame ends the connection
   // before any of it is buffered.
-  Reader(SocketType ours, std::uint64_t max_frame_bytes) : ours_(ours), max_frame_(max_frame_bytes) {}
+  Reader(SocketType ours, std::uint64_t max_frame_bytes)
+      : ours_(ours), max_frame_(max_frame_bytes) {}
 
   // Parses the complete units at the front of `in`: message frames go to `sink`, what the peer
   // must be sent (our READY after its greeting, a PONG for each PING) is appended to `reply`.
