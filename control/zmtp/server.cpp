@@ -330,10 +330,13 @@ struct Server::Impl {
       if (c->reader.phase() != Reader::Phase::kTraffic && now - c->since > limits.handshake_timeout)
         late.push_back(c.get());
     for (Connection* c : late) refuse(*c, "no ZMTP handshake in time");
-    if (accept_paused_until && now >= *accept_paused_until) {
-      accept_paused_until.reset();
-      watch_listeners(EPOLLIN);
-    }
+  }
+
+  // Watches the listeners again once the pause after running out of descriptors is over.
+  void resume_accepting(Clock::time_point now) {
+    if (!accept_paused_until || now < *accept_paused_until) return;
+    accept_paused_until.reset();
+    watch_listeners(EPOLLIN);
   }
 };
 
@@ -400,7 +403,9 @@ Server::Polled Server::poll(std::chrono::milliseconds wait, MessageHandler& hand
       polled.drained = false;
   }
   if (n == static_cast<int>(events.size())) polled.drained = false;  // more may be ready
-  if (const auto now = Clock::now(); now >= s.next_sweep) s.sweep(now);
+  const auto now = Clock::now();
+  s.resume_accepting(now);
+  if (now >= s.next_sweep) s.sweep(now);
   return polled;
 }
 

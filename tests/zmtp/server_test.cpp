@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -252,6 +253,38 @@ TEST(ZmtpPull, BufferedBytesAndConnectionsAreCapped) {
   ASSERT_TRUE(poll_until(*server, sink, [&] { return server->stats().refused == 2; }));
   EXPECT_EQ(server->connections(), 1u);
   EXPECT_TRUE(sink.got.empty());
+}
+
+// Out of descriptors, accept fails while the connection stays queued: the listener is set aside
+// a moment (else epoll wakes at once, forever) and taken up again about 100 ms later.
+TEST(ZmtpPull, OutOfDescriptorsPausesAcceptingThenResumesWithinAFewPolls) {
+  auto server = make_server();
+  auto port = server->listen("127.0.0.1", 0);
+  ASSERT_TRUE(port);
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
+  // Descriptors below the limit only: the lowest free one goes to the client, none is left.
+  const int lowest_free = ::dup(0);
+  ASSERT_GE(lowest_free, 0);
+  ::close(lowest_free);
+  rlimit low = old;
+  low.rlim_cur = static_cast<rlim_t>(lowest_free) + 1;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  auto client = raw_connect(*port);  // takes the spare; the server's accept gets EMFILE
+  Frames sink;
+  int polls = 0;
+  const auto start = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - start < 300ms) {
+    (void)server->poll(10ms, sink);
+    ++polls;
+  }
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &old), 0);
+  EXPECT_EQ(server->connections(), 0u);
+  EXPECT_LT(polls, 100) << "epoll woke again and again: the listener was not set aside";
+  const auto restored = std::chrono::steady_clock::now();
+  ASSERT_TRUE(poll_until(*server, sink, [&] { return server->connections() == 1; }));
+  EXPECT_LT(std::chrono::steady_clock::now() - restored, 400ms)
+      << "accepting resumed late (at the next handshake sweep, not after the pause)";
 }
 
 TEST(ZmtpPull, ABusyPortIsAnErrorNamingIt) {
