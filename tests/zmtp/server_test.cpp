@@ -77,6 +77,17 @@ kvnode::UniqueFd raw_connect(int port) {
   return fd;
 }
 
+// What a peer of `socket_type` sends first: the greeting (the same bytes as ours: version 3.1,
+// NULL) and its READY.
+std::string handshake_as(const std::string& socket_type) {
+  const auto g = kvnode::zmtp::greeting();
+  std::string out(g.begin(), g.end());
+  std::string body = "\x05READY\x0bSocket-Type";
+  body += std::string(3, '\0') + static_cast<char>(socket_type.size()) + socket_type;
+  out += std::string{'\x04', static_cast<char>(body.size())} + body;
+  return out;
+}
+
 TEST(ZmtpPull, ManyPushPeersDeliverEveryFrameInOrderPerPeer) {
   auto server = make_server();
   auto port = server->listen("127.0.0.1", 0);
@@ -242,10 +253,7 @@ TEST(ZmtpPull, BufferedBytesAndConnectionsAreCapped) {
   ASSERT_TRUE(poll_until(*server, sink, [&] { return server->connections() == 0; }));
   for (int i = 0; i < 2; ++i) {
     raws.push_back(raw_connect(*port));
-    std::string hello(64, '\0');
-    hello[0] = static_cast<char>(0xFF), hello[8] = 1, hello[9] = 0x7F, hello[10] = 3, hello[11] = 1;
-    hello.replace(12, 4, "NULL");
-    hello += std::string("\x04\x1a\x05READY\x0bSocket-Type\0\0\0\x04PUSH", 28);
+    std::string hello = handshake_as("PUSH");
     hello += header + two_mib.substr(0, 1 << 20);  // half the frame
     ASSERT_EQ(::send(raws.back().get(), hello.data(), hello.size(), MSG_NOSIGNAL),
               static_cast<ssize_t>(hello.size()));
@@ -349,13 +357,7 @@ TEST(ZmtpRouter, APeerThatNeverReadsItsRepliesIsNoLongerReadNorBuffered) {
   ASSERT_TRUE(port);
   // Handshake by hand, then a flood of requests whose replies are never read.
   auto raw = raw_connect(*port);
-  std::string hello(64, '\0');
-  hello[0] = static_cast<char>(0xFF), hello[8] = 1, hello[9] = 0x7F, hello[10] = 3, hello[11] = 1;
-  hello.replace(12, 4, "NULL");
-  hello += std::string(
-      "\x04\x1c\x05READY\x0bSocket-Type\0\0\0\x06"
-      "DEALER",
-      30);
+  const std::string hello = handshake_as("DEALER");
   ASSERT_EQ(::send(raw.get(), hello.data(), hello.size(), MSG_NOSIGNAL),
             static_cast<ssize_t>(hello.size()));
   const std::string request = std::string("\x00\xff", 2) + std::string(255, 'r');  // 257 bytes
